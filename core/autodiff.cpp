@@ -1,0 +1,136 @@
+#include "core/autodiff.h"
+
+#include <map>
+
+#include "core/error.h"
+#include "core/op.h"
+
+namespace quiver {
+
+namespace {
+
+// Sums the contributions to one value's gradient with a chain of add nodes.
+Value sum_contributions(GraphBuilder& builder, const std::vector<Value>& parts,
+                        const std::string& name) {
+  Value total = parts.at(0);
+  for (size_t i = 1; i < parts.size(); ++i)
+    total = builder.add(total, parts[i], cat(name, "/accumulate_", i));
+  return total;
+}
+
+}  // namespace
+
+void build_backward(GraphBuilder& builder, Value loss) {
+  Graph& graph = builder.graph();
+  if (graph.value(loss.id).shape.rank() != 0)
+    throw Error(cat("backward: loss '", graph.value(loss.id).name, "' must be a scalar, not ",
+                    graph.value(loss.id).shape.str()));
+  for (const ParamInfo& param : graph.params())
+    if (param.grad >= 0) throw Error("backward: gradients were already built for this graph");
+
+  std::vector<bool> requires_grad(graph.values().size(), false);
+  for (const ParamInfo& param : graph.params()) requires_grad[param.value] = true;
+  const int forward_nodes = static_cast<int>(graph.nodes().size());
+  for (NodeId id = 0; id < forward_nodes; ++id) {
+    const Node& node = graph.node(id);
+    bool any = false;
+    for (ValueId input : node.inputs) any = any || requires_grad[input];
+    for (ValueId output : node.outputs)
+      requires_grad[output] = any && graph.value(output).dtype == DType::F32;
+  }
+
+  std::map<ValueId, std::vector<Value>> contributions;
+  contributions[loss.id].push_back(builder.fill(Shape{}, 1.0, "loss/grad_seed"));
+
+  for (NodeId id = forward_nodes - 1; id >= 0; --id) {
+    const Node node = graph.node(id);  // copy: emitting nodes grows the node vector
+    std::vector<Value> output_grads;
+    bool has_grad = false;
+    for (ValueId output : node.outputs) {
+      auto found = contributions.find(output);
+      if (found == contributions.end()) {
+        output_grads.push_back(Value{});
+        continue;
+      }
+      output_grads.push_back(sum_contributions(builder, found->second, graph.value(output).name));
+      has_grad = true;
+    }
+    bool wants_grad = false;
+    for (ValueId input : node.inputs) wants_grad = wants_grad || requires_grad[input];
+    if (!has_grad || !wants_grad) continue;
+    const OpDef& def = OpRegistry::global().get(node.op);
+    if (!def.backward)
+      throw Error(cat(node.op, " '", node.name, "': op has no gradient but a parameter depends on it"));
+    GradContext context(builder, node, output_grads);
+    def.backward(context);
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      Value grad = context.input_grads()[i];
+      if (grad.valid() && requires_grad[node.inputs[i]])
+        contributions[node.inputs[i]].push_back(grad);
+    }
+  }
+
+  for (size_t index = 0; index < graph.params().size(); ++index) {
+    ParamInfo& param = graph.params()[index];
+    const Shape shape = graph.value(param.value).shape;
+    auto found = contributions.find(param.value);
+    Value grad = found == contributions.end()
+                     ? builder.fill(shape, 0.0, param.name + "/grad_zero")
+                     : sum_contributions(builder, found->second, param.name + "/grad");
+    // A gradient that is not a plain activation (or already some other parameter's gradient)
+    // gets its own copy, so that every ParamGrad owns its slice of the flat gradient buffer.
+    if (graph.value(grad.id).role != ValueRole::Activation)
+      grad = builder.apply1("copy", {grad}, {}, param.name + "/grad_copy");
+    ValueInfo& info = graph.value(grad.id);
+    info.role = ValueRole::ParamGrad;
+    info.param_index = static_cast<int>(index);
+    info.name = param.name + "/grad";
+    graph.params()[index].grad = grad.id;
+  }
+}
+
+namespace {
+
+std::vector<NodeId> readers_of(const Graph& graph, ValueId value) {
+  return graph.consumers(value);
+}
+
+void check_backward_built(const Graph& graph) {
+  for (const ParamInfo& param : graph.params())
+    if (param.grad < 0) throw Error("optimizer: call build_backward before adding updates");
+}
+
+}  // namespace
+
+void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions& options) {
+  Graph& graph = builder.graph();
+  check_backward_built(graph);
+  for (size_t index = 0; index < graph.params().size(); ++index) {
+    ParamInfo param = graph.params()[index];
+    Value velocity = builder.state(static_cast<int>(index), "velocity");
+    Attrs attrs;
+    attrs.set("momentum", options.momentum).set("weight_decay", options.weight_decay);
+    builder.apply("sgd_update", {Value{param.value}, Value{param.grad}, velocity, learning_rate},
+                  attrs, param.name + "/update", readers_of(graph, param.value));
+  }
+}
+
+void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
+                     const AdamOptions& options) {
+  Graph& graph = builder.graph();
+  check_backward_built(graph);
+  for (size_t index = 0; index < graph.params().size(); ++index) {
+    ParamInfo param = graph.params()[index];
+    Value first_moment = builder.state(static_cast<int>(index), "adam_m");
+    Value second_moment = builder.state(static_cast<int>(index), "adam_v");
+    Attrs attrs;
+    attrs.set("beta1", options.beta1).set("beta2", options.beta2)
+        .set("epsilon", options.epsilon).set("weight_decay", options.weight_decay);
+    builder.apply("adam_update",
+                  {Value{param.value}, Value{param.grad}, first_moment, second_moment,
+                   learning_rate, step},
+                  attrs, param.name + "/update", readers_of(graph, param.value));
+  }
+}
+
+}  // namespace quiver

@@ -1,0 +1,153 @@
+#include "core/builder.h"
+
+#include "core/error.h"
+#include "core/op.h"
+
+namespace quiver {
+
+std::string GraphBuilder::scoped(const std::string& name) const {
+  std::string full;
+  for (const std::string& scope : scopes_) full += scope + "/";
+  return full + name;
+}
+
+Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dtype) {
+  if (graph_.has_name(name)) throw Error(cat("input '", name, "' is defined twice"));
+  ValueInfo info;
+  info.name = name;
+  info.shape = shape;
+  info.dtype = dtype;
+  info.role = ValueRole::Input;
+  return Value{graph_.add_value(std::move(info))};
+}
+
+Value GraphBuilder::parameter(const std::string& name, const Shape& shape, ParamInit init) {
+  std::string full = scoped(name);
+  if (graph_.has_name(full)) throw Error(cat("parameter '", full, "' is defined twice"));
+  if (shape.numel() <= 0) throw Error(cat("parameter '", full, "' has empty shape ", shape.str()));
+  ValueInfo info;
+  info.name = full;
+  info.shape = shape;
+  info.role = ValueRole::Parameter;
+  info.param_index = static_cast<int>(graph_.params().size());
+  ValueId id = graph_.add_value(std::move(info));
+  graph_.add_param(ParamInfo{full, id, -1, init});
+  return Value{id};
+}
+
+Value GraphBuilder::state(int param_index, const std::string& kind) {
+  const ParamInfo& param = graph_.params().at(param_index);
+  ValueInfo info;
+  info.name = param.name + "/" + kind;
+  info.shape = graph_.value(param.value).shape;
+  info.role = ValueRole::State;
+  info.param_index = param_index;
+  info.state_kind = kind;
+  return Value{graph_.add_value(std::move(info))};
+}
+
+std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<Value>& inputs,
+                                       Attrs attrs, const std::string& name,
+                                       std::vector<NodeId> control_inputs) {
+  const OpDef& def = OpRegistry::global().get(op);
+  Node node;
+  node.op = op;
+  node.name = scoped(name.empty() ? cat(op, "_", unnamed_++) : name);
+  node.attrs = std::move(attrs);
+  node.control_inputs = std::move(control_inputs);
+  InferContext infer{node, {}};
+  for (Value input : inputs) {
+    if (!input.valid() || input.id >= static_cast<ValueId>(graph_.values().size()))
+      throw Error(cat(op, " '", node.name, "': an input value is invalid"));
+    const ValueInfo& info = graph_.value(input.id);
+    infer.inputs.push_back({info.shape, info.dtype});
+    node.inputs.push_back(input.id);
+  }
+  std::vector<TensorType> outputs = def.infer(infer);
+  std::vector<Value> results;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    ValueInfo info;
+    info.name = outputs.size() == 1 ? node.name : cat(node.name, ":", i);
+    info.shape = outputs[i].shape;
+    info.dtype = outputs[i].dtype;
+    ValueId id = graph_.add_value(std::move(info));
+    node.outputs.push_back(id);
+    results.push_back(Value{id});
+  }
+  graph_.add_node(std::move(node));
+  return results;
+}
+
+Value GraphBuilder::apply1(const std::string& op, const std::vector<Value>& inputs, Attrs attrs,
+                           const std::string& name) {
+  std::vector<Value> outputs = apply(op, inputs, std::move(attrs), name);
+  return outputs.at(0);
+}
+
+Value GraphBuilder::matmul(Value a, Value b, bool trans_a, bool trans_b, const std::string& name) {
+  Attrs attrs;
+  attrs.set("trans_a", int64_t{trans_a}).set("trans_b", int64_t{trans_b});
+  return apply1("matmul", {a, b}, attrs, name);
+}
+
+Value GraphBuilder::bias_add(Value x, Value bias, const std::string& name) {
+  return apply1("bias_add", {x, bias}, {}, name);
+}
+Value GraphBuilder::add(Value a, Value b, const std::string& name) {
+  return apply1("add", {a, b}, {}, name);
+}
+Value GraphBuilder::mul(Value a, Value b, const std::string& name) {
+  return apply1("mul", {a, b}, {}, name);
+}
+Value GraphBuilder::relu(Value x, const std::string& name) { return apply1("relu", {x}, {}, name); }
+Value GraphBuilder::sigmoid(Value x, const std::string& name) {
+  return apply1("sigmoid", {x}, {}, name);
+}
+Value GraphBuilder::tanh(Value x, const std::string& name) { return apply1("tanh", {x}, {}, name); }
+
+Value GraphBuilder::conv2d(Value x, Value w, Conv2dAttrs conv, const std::string& name) {
+  Attrs attrs;
+  attrs.set("stride", conv.stride).set("padding", conv.padding);
+  return apply1("conv2d", {x, w}, attrs, name);
+}
+
+Value GraphBuilder::max_pool2d(Value x, int64_t kernel, int64_t stride, const std::string& name) {
+  Attrs attrs;
+  attrs.set("kernel", kernel).set("stride", stride > 0 ? stride : kernel);
+  return apply("max_pool2d", {x}, attrs, name).at(0);
+}
+
+Value GraphBuilder::reshape(Value x, const Shape& shape, const std::string& name) {
+  Attrs attrs;
+  attrs.set("shape", shape.dims());
+  return apply1("reshape", {x}, attrs, name);
+}
+
+Value GraphBuilder::flatten(Value x, const std::string& name) {
+  const Shape& in = shape(x);
+  if (in.rank() < 1) throw Error(cat("flatten '", name, "': input is a scalar"));
+  return reshape(x, Shape{in[0], in.numel() / std::max<int64_t>(1, in[0])},
+                 name.empty() ? "" : name);
+}
+
+Value GraphBuilder::softmax_cross_entropy(Value logits, Value labels, const std::string& name) {
+  return apply("softmax_cross_entropy", {logits, labels}, {}, name).at(0);
+}
+
+Value GraphBuilder::lstm(Value x, Value wx, Value wh, Value b, const std::string& name) {
+  return apply("lstm", {x, wx, wh, b}, {}, name).at(0);
+}
+
+Value GraphBuilder::select_step(Value x, int64_t step, const std::string& name) {
+  Attrs attrs;
+  attrs.set("step", step);
+  return apply1("select_step", {x}, attrs, name);
+}
+
+Value GraphBuilder::fill(const Shape& shape, double value, const std::string& name) {
+  Attrs attrs;
+  attrs.set("shape", shape.dims()).set("value", value);
+  return apply1("fill", {}, attrs, name);
+}
+
+}  // namespace quiver

@@ -1,0 +1,114 @@
+#include "core/graph.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace quiver {
+
+Attrs& Attrs::set(const std::string& key, AttrValue value) {
+  values_[key] = std::move(value);
+  return *this;
+}
+
+int64_t Attrs::get_int(const std::string& key) const {
+  auto found = values_.find(key);
+  if (found == values_.end() || !std::holds_alternative<int64_t>(found->second))
+    throw Error(cat("missing integer attribute '", key, "'"));
+  return std::get<int64_t>(found->second);
+}
+
+int64_t Attrs::get_int(const std::string& key, int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
+
+double Attrs::get_float(const std::string& key) const {
+  auto found = values_.find(key);
+  if (found == values_.end()) throw Error(cat("missing float attribute '", key, "'"));
+  if (std::holds_alternative<int64_t>(found->second))
+    return static_cast<double>(std::get<int64_t>(found->second));
+  if (!std::holds_alternative<double>(found->second))
+    throw Error(cat("attribute '", key, "' is not a number"));
+  return std::get<double>(found->second);
+}
+
+double Attrs::get_float(const std::string& key, double fallback) const {
+  return has(key) ? get_float(key) : fallback;
+}
+
+const std::vector<int64_t>& Attrs::get_ints(const std::string& key) const {
+  auto found = values_.find(key);
+  if (found == values_.end() || !std::holds_alternative<std::vector<int64_t>>(found->second))
+    throw Error(cat("missing integer-list attribute '", key, "'"));
+  return std::get<std::vector<int64_t>>(found->second);
+}
+
+std::string Attrs::str() const {
+  std::string text;
+  for (const auto& [key, value] : values_) {
+    if (!text.empty()) text += ",";
+    text += key + "=";
+    if (auto* integer = std::get_if<int64_t>(&value)) text += std::to_string(*integer);
+    if (auto* real = std::get_if<double>(&value)) text += cat(*real);
+    if (auto* text_value = std::get_if<std::string>(&value)) text += *text_value;
+    if (auto* list = std::get_if<std::vector<int64_t>>(&value)) text += Shape(*list).str();
+  }
+  return text;
+}
+
+ParamInit ParamInit::fan_in_uniform(int64_t fan_in) {
+  return uniform(1.0 / std::sqrt(static_cast<double>(fan_in)));
+}
+
+ParamInit ParamInit::glorot_uniform(int64_t fan_in, int64_t fan_out) {
+  return uniform(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+}
+
+ValueId Graph::add_value(ValueInfo info) {
+  info.id = static_cast<ValueId>(values_.size());
+  values_.push_back(std::move(info));
+  return values_.back().id;
+}
+
+NodeId Graph::add_node(Node node) {
+  node.id = static_cast<NodeId>(nodes_.size());
+  for (ValueId input : node.inputs)
+    if (input < 0 || input >= static_cast<ValueId>(values_.size()))
+      throw Error(cat(node.op, " '", node.name, "': input value ", input, " does not exist"));
+  for (NodeId control : node.control_inputs)
+    if (control < 0 || control >= node.id)
+      throw Error(cat(node.op, " '", node.name, "': control input ", control, " does not exist"));
+  for (ValueId output : node.outputs) values_.at(output).producer = node.id;
+  nodes_.push_back(std::move(node));
+  return nodes_.back().id;
+}
+
+int Graph::add_param(ParamInfo info) {
+  params_.push_back(std::move(info));
+  return static_cast<int>(params_.size()) - 1;
+}
+
+std::vector<NodeId> Graph::consumers(ValueId value) const {
+  std::vector<NodeId> readers;
+  for (const Node& node : nodes_)
+    for (ValueId input : node.inputs)
+      if (input == value) {
+        readers.push_back(node.id);
+        break;
+      }
+  return readers;
+}
+
+bool Graph::has_name(const std::string& name) const {
+  for (const ValueInfo& info : values_)
+    if (info.name == name && info.role != ValueRole::Activation) return true;
+  return false;
+}
+
+ValueId Graph::find(const std::string& name) const {
+  for (const ValueInfo& info : values_)
+    if (info.name == name && info.role != ValueRole::Activation) return info.id;
+  throw Error(cat("graph has no input or parameter named '", name, "'"));
+}
+
+}  // namespace quiver

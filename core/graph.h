@@ -1,0 +1,120 @@
+// The static dataflow graph: SSA values with shapes known at build time, nodes naming an op kind,
+// and the parameters the graph reads. Forward, backward and optimizer-update nodes all live in
+// one Graph; nodes are appended in dependency order, so node id order is a valid schedule.
+// A Graph says what to compute, not where it lives or how it runs: that is runtime::Plan.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/shape.h"
+
+namespace quiver {
+
+using ValueId = int;
+using NodeId = int;
+
+// A handle the builder API passes around.
+struct Value {
+  ValueId id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+enum class ValueRole {
+  Activation,  // produced by a node; its memory is planned and reused
+  Input,       // fed by the caller each step (a batch, labels, the learning rate)
+  Parameter,   // a view of the replica's flat parameter buffer
+  ParamGrad,   // the accumulated gradient of a parameter: a view of the flat gradient buffer
+  State,       // optimizer state (momentum, Adam moments): a view of a flat state buffer
+};
+
+struct ValueInfo {
+  ValueId id = -1;
+  std::string name;
+  Shape shape;
+  DType dtype = DType::F32;
+  ValueRole role = ValueRole::Activation;
+  NodeId producer = -1;     // -1 for inputs, parameters and state
+  int param_index = -1;     // Parameter, ParamGrad and State: which parameter
+  std::string state_kind;   // State: "velocity", "adam_m", ...
+};
+
+using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
+
+class Attrs {
+ public:
+  Attrs& set(const std::string& key, AttrValue value);
+  bool has(const std::string& key) const { return values_.count(key) > 0; }
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_float(const std::string& key) const;
+  double get_float(const std::string& key, double fallback) const;
+  const std::vector<int64_t>& get_ints(const std::string& key) const;
+  std::string str() const;  // "stride=2,pad=1": for op keys and messages
+  const std::map<std::string, AttrValue>& all() const { return values_; }
+
+ private:
+  std::map<std::string, AttrValue> values_;
+};
+
+struct Node {
+  NodeId id = -1;
+  std::string op;
+  std::string name;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  std::vector<NodeId> control_inputs;  // run after these (an in-place update after all readers)
+  Attrs attrs;
+};
+
+enum class InitKind { Zeros, Uniform };
+
+struct ParamInit {
+  InitKind kind = InitKind::Zeros;
+  double bound = 0.0;  // Uniform: U(-bound, bound)
+  static ParamInit zeros() { return {}; }
+  static ParamInit uniform(double bound) { return {InitKind::Uniform, bound}; }
+  // PyTorch's defaults for Linear/Conv weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  static ParamInit fan_in_uniform(int64_t fan_in);
+  // Glorot/Xavier uniform: U(-sqrt(6/(fan_in+fan_out)), +...).
+  static ParamInit glorot_uniform(int64_t fan_in, int64_t fan_out);
+};
+
+struct ParamInfo {
+  std::string name;
+  ValueId value = -1;
+  ValueId grad = -1;  // set by autodiff
+  ParamInit init;
+};
+
+class Graph {
+ public:
+  const ValueInfo& value(ValueId id) const { return values_.at(id); }
+  ValueInfo& value(ValueId id) { return values_.at(id); }
+  const Node& node(NodeId id) const { return nodes_.at(id); }
+  Node& node(NodeId id) { return nodes_.at(id); }
+  const std::vector<ValueInfo>& values() const { return values_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  std::vector<ParamInfo>& params() { return params_; }
+
+  ValueId add_value(ValueInfo info);
+  NodeId add_node(Node node);  // inputs must already exist; sets producers of its outputs
+  int add_param(ParamInfo info);
+
+  // Nodes reading `value`, in id order.
+  std::vector<NodeId> consumers(ValueId value) const;
+  // The value named `name` (inputs and parameters are looked up this way); throws if absent.
+  ValueId find(const std::string& name) const;
+  bool has_name(const std::string& name) const;
+
+ private:
+  std::vector<ValueInfo> values_;
+  std::vector<Node> nodes_;
+  std::vector<ParamInfo> params_;
+};
+
+}  // namespace quiver

@@ -1,0 +1,73 @@
+#include "core/nn.h"
+
+#include <cmath>
+
+namespace quiver {
+
+namespace {
+
+// Parameters and nodes of a module are named "<module>/<what>".
+struct Scope {
+  Scope(GraphBuilder& builder, const std::string& name) : builder(builder), active(!name.empty()) {
+    if (active) builder.push_scope(name);
+  }
+  ~Scope() {
+    if (active) builder.pop_scope();
+  }
+  GraphBuilder& builder;
+  bool active;
+};
+
+}  // namespace
+
+Value Linear::forward(GraphBuilder& builder, Value x) {
+  Scope scope(builder, name());
+  ParamInit init = ParamInit::fan_in_uniform(options_.in_features);
+  Value weight = builder.parameter("weight", Shape{options_.in_features, options_.out_features}, init);
+  Value y = builder.matmul(x, weight, false, false, "matmul");
+  if (!options_.with_bias) return y;
+  Value bias = builder.parameter("bias", Shape{options_.out_features}, init);
+  return builder.bias_add(y, bias, "bias_add");
+}
+
+Value Conv2d::forward(GraphBuilder& builder, Value x) {
+  Scope scope(builder, name());
+  const Conv2dOptions& o = options_;
+  ParamInit init = ParamInit::fan_in_uniform(o.in_channels * o.kernel_size * o.kernel_size);
+  Value weight = builder.parameter(
+      "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init);
+  Value y = builder.conv2d(x, weight, Conv2dAttrs{o.stride_, o.padding_}, "conv");
+  if (!o.with_bias) return y;
+  Value bias = builder.parameter("bias", Shape{o.out_channels}, init);
+  return builder.bias_add(y, bias, "bias_add");
+}
+
+Value MaxPool2d::forward(GraphBuilder& builder, Value x) {
+  return builder.max_pool2d(x, kernel_, stride_, name());
+}
+
+Value ReLU::forward(GraphBuilder& builder, Value x) { return builder.relu(x, name()); }
+
+Value Flatten::forward(GraphBuilder& builder, Value x) { return builder.flatten(x, name()); }
+
+Value LSTM::forward(GraphBuilder& builder, Value x) {
+  Scope scope(builder, name());
+  int64_t input = options_.input_size, hidden = options_.hidden_size;
+  ParamInit init = ParamInit::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
+  Value wx = builder.parameter("wx", Shape{input, 4 * hidden}, init);
+  Value wh = builder.parameter("wh", Shape{hidden, 4 * hidden}, init);
+  Value bias = builder.parameter("bias", Shape{4 * hidden}, init);
+  return builder.lstm(x, wx, wh, bias, "cell");
+}
+
+Value LastStep::forward(GraphBuilder& builder, Value x) {
+  return builder.select_step(x, -1, name());
+}
+
+Value Sequential::forward(GraphBuilder& builder, Value x) {
+  Scope scope(builder, name());
+  for (const auto& layer : layers_) x = layer->forward(builder, x);
+  return x;
+}
+
+}  // namespace quiver

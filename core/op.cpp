@@ -1,0 +1,78 @@
+#include "core/op.h"
+
+#include "core/builder.h"
+#include "core/error.h"
+
+namespace quiver {
+
+void InferContext::fail(const std::string& what) const {
+  std::string shapes;
+  for (size_t i = 0; i < inputs.size(); ++i) shapes += cat(i ? ", " : "", inputs[i].shape.str());
+  throw Error(cat(node.op, " '", node.name, "': ", what, " (input shapes ", shapes, ")"));
+}
+
+GradContext::GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads)
+    : builder_(builder), node_(node), output_grads_(std::move(output_grads)),
+      input_grads_(node.inputs.size()) {}
+
+const Shape& GradContext::input_shape(int i) const {
+  return builder_.graph().value(node_.inputs.at(i)).shape;
+}
+
+void GradContext::set_input_grad(int i, Value grad) {
+  const Shape& expected = input_shape(i);
+  const Shape& got = builder_.graph().value(grad.id).shape;
+  if (got != expected)
+    throw Error(cat(node_.op, " '", node_.name, "': gradient of input ", i, " has shape ",
+                    got.str(), " but the input is ", expected.str()));
+  input_grads_.at(i) = grad;
+}
+
+std::string GradContext::name(const std::string& suffix) const {
+  return node_.name + "/grad/" + suffix;
+}
+
+OpRegistry& OpRegistry::global() {
+  static OpRegistry registry;
+  return registry;
+}
+
+void OpRegistry::add(OpDef def) {
+  if (has(def.kind)) throw Error(cat("op '", def.kind, "' is registered twice"));
+  defs_.push_back(std::move(def));
+}
+
+void OpRegistry::add_kernel(const std::string& kind, KernelImpl impl, bool prefer) {
+  for (OpDef& def : defs_)
+    if (def.kind == kind) {
+      auto position = prefer ? def.kernels.begin() : def.kernels.end();
+      def.kernels.insert(position, std::move(impl));
+      return;
+    }
+  throw Error(cat("cannot add kernel '", impl.name, "' to unknown op '", kind, "'"));
+}
+
+const OpDef& OpRegistry::get(const std::string& kind) const {
+  for (const OpDef& def : defs_)
+    if (def.kind == kind) return def;
+  throw Error(cat("unknown op '", kind, "'"));
+}
+
+bool OpRegistry::has(const std::string& kind) const {
+  for (const OpDef& def : defs_)
+    if (def.kind == kind) return true;
+  return false;
+}
+
+std::vector<std::string> OpRegistry::kinds() const {
+  std::vector<std::string> names;
+  for (const OpDef& def : defs_) names.push_back(def.kind);
+  return names;
+}
+
+bool register_op(OpDef def) {
+  OpRegistry::global().add(std::move(def));
+  return true;
+}
+
+}  // namespace quiver

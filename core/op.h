@@ -1,0 +1,126 @@
+// OpDef and the one op registry. An op kind is registered once (by its file in ops/): shape
+// inference, the gradient (emitted as ordinary graph nodes), and an ordered list of kernels per
+// device. Kernel choice walks that list: each implementation may decline a node and say why; the
+// first that accepts wins, and the plain reference kernel is last.
+// core defines the contract; ops/ and cuda/ fill it in; runtime/ decides who runs what where.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/tensor.h"
+
+namespace quiver {
+
+class GraphBuilder;
+
+// What a kernel may use: the threads the runtime granted it. Kernels parallelize only through
+// parallel_for, which never runs more than threads() bodies at once.
+class ExecContext {
+ public:
+  virtual ~ExecContext() = default;
+  virtual int threads() const = 0;
+  // Calls body(begin, end) over disjoint chunks of [0, count); chunks hold at least `grain` items.
+  virtual void parallel_for(int64_t count, int64_t grain,
+                            const std::function<void(int64_t, int64_t)>& body) const = 0;
+};
+
+// One thread, no pool: what tests and the serial policy use.
+class SerialContext final : public ExecContext {
+ public:
+  int threads() const override { return 1; }
+  void parallel_for(int64_t count, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& body) const override {
+    if (count > 0) body(0, count);
+  }
+};
+
+struct KernelCall {
+  const ExecContext& ctx;
+  const Node& node;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;  // preallocated; not zeroed
+};
+
+using KernelFn = std::function<void(const KernelCall&)>;
+
+struct KernelSpec {
+  const Graph& graph;
+  const Node& node;
+  const ValueInfo& input(int i) const { return graph.value(node.inputs.at(i)); }
+  const ValueInfo& output(int i) const { return graph.value(node.outputs.at(i)); }
+};
+
+struct KernelImpl {
+  std::string name;  // "onednn_sgemm", "reference"
+  DeviceKind device = DeviceKind::CPU;
+  // Empty string: accepts the node. Otherwise why it declines.
+  std::function<std::string(const KernelSpec&)> declines;
+  // Called once per Plan per node: precompute geometry, create primitives, size scratch.
+  std::function<KernelFn(const KernelSpec&)> prepare;
+};
+
+struct TensorType {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+struct InferContext {
+  const Node& node;
+  std::vector<TensorType> inputs;
+  const Shape& shape(int i) const { return inputs.at(i).shape; }
+  // Throws quiver::Error naming the op, the node and all input shapes.
+  [[noreturn]] void fail(const std::string& what) const;
+};
+
+// Given to an OpDef's backward: the forward node, the gradients flowing into its outputs (invalid
+// where an output does not reach the loss), and where to put the gradients of its inputs.
+class GradContext {
+ public:
+  GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads);
+  GraphBuilder& builder() { return builder_; }
+  const Node& node() const { return node_; }
+  Value input(int i) const { return Value{node_.inputs.at(i)}; }
+  Value output(int i) const { return Value{node_.outputs.at(i)}; }
+  Value output_grad(int i) const { return output_grads_.at(i); }
+  const Shape& input_shape(int i) const;
+  void set_input_grad(int i, Value grad);
+  const std::vector<Value>& input_grads() const { return input_grads_; }
+  std::string name(const std::string& suffix) const;  // "<node>/grad/<suffix>"
+
+ private:
+  GraphBuilder& builder_;
+  Node node_;  // a copy: emitting nodes may grow the graph's node vector
+  std::vector<Value> output_grads_;
+  std::vector<Value> input_grads_;
+};
+
+struct OpDef {
+  std::string kind;
+  std::function<std::vector<TensorType>(const InferContext&)> infer;
+  std::function<void(GradContext&)> backward;  // empty: not differentiable
+  bool updates_in_place = false;               // optimizer updates: writes its inputs
+  std::vector<KernelImpl> kernels;
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& global();
+  void add(OpDef def);                                    // a kind registers once
+  void add_kernel(const std::string& kind, KernelImpl impl, bool prefer = false);
+  const OpDef& get(const std::string& kind) const;       // throws for an unknown kind
+  bool has(const std::string& kind) const;
+  std::vector<std::string> kinds() const;
+
+ private:
+  std::vector<OpDef> defs_;
+};
+
+// Each op file registers itself at load time: `static const bool registered = register_op(...)`.
+bool register_op(OpDef def);
+
+}  // namespace quiver

@@ -1,0 +1,116 @@
+#include "examples/train_options.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "core/error.h"
+#include "models/models.h"
+#include "runtime/thread_budget.h"
+
+namespace quiver {
+
+namespace {
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size())
+    throw Error(cat(flag, ": expected an integer, got '", text, "'"));
+  if (value < min || value > max)
+    throw Error(cat(flag, ": ", value, " is out of range [", min, ", ", max, "]"));
+  return value;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    throw Error(cat(flag, ": expected a number, got '", text, "'"));
+  return value;
+}
+
+double parse_positive(const std::string& flag, const std::string& text) {
+  double value = parse_number(flag, text);
+  if (!std::isfinite(value) || value <= 0.0)
+    throw Error(cat(flag, ": must be a positive finite number, got '", text, "'"));
+  return value;
+}
+
+}  // namespace
+
+std::string train_usage() {
+  return "usage: quiver-train [options]\n"
+         "Train a bundled model on Fashion-MNIST on the CPU.\n\n"
+         "  --model mlp|cnn|lstm   model to train (default mlp)\n"
+         "  --epochs N             passes over the training set (default 1)\n"
+         "  --max-steps N          stop after N steps in all (default 0: no limit)\n"
+         "  --batch B              batch size (default 64)\n"
+         "  --threads T            threads (default: all available cores)\n"
+         "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
+         "  --lr X                 learning rate (default 0.01)\n"
+         "  --momentum X           SGD momentum (default 0.9)\n"
+         "  --seed S               seed for initialisation and shuffling (default 1)\n"
+         "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
+         "                         /usr/share/datasets/fashion-mnist)\n"
+         "  --quiet                no live progress line\n"
+         "  --help                 this text\n";
+}
+
+TrainCommand parse_train_command(const std::vector<std::string>& args) {
+  TrainCommand command;
+  command.train.threads = available_cores();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (flag == "--help" || flag == "-h") {
+      command.help = true;
+      continue;
+    }
+    if (flag == "--quiet") {
+      command.quiet = true;
+      continue;
+    }
+    if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
+    if (i + 1 >= args.size()) throw Error(cat(flag, ": missing value"));
+    const std::string& value = args[++i];
+    if (flag == "--model") {
+      bool known = false;
+      for (const std::string& name : models::names()) known = known || name == value;
+      if (!known) throw Error(cat("--model: unknown model '", value, "' (choose mlp, cnn or lstm)"));
+      command.model = value;
+    } else if (flag == "--epochs") {
+      command.train.epochs = parse_int(flag, value, 1, 10000);
+    } else if (flag == "--max-steps") {
+      command.train.max_steps = parse_int(flag, value, 0, int64_t{1} << 40);
+    } else if (flag == "--batch") {
+      command.train.batch = parse_int(flag, value, 1, 60000);
+    } else if (flag == "--threads") {
+      command.train.threads = static_cast<int>(parse_int(flag, value, 1, 4096));
+    } else if (flag == "--optimizer") {
+      if (value != "sgd" && value != "adam")
+        throw Error(cat("--optimizer: expected sgd or adam, got '", value, "'"));
+      command.train.optimizer = value;
+    } else if (flag == "--lr") {
+      command.train.learning_rate = parse_positive(flag, value);
+    } else if (flag == "--momentum") {
+      double momentum = parse_number(flag, value);
+      if (!(momentum >= 0.0 && momentum < 1.0))
+        throw Error(cat("--momentum: must be in [0, 1), got '", value, "'"));
+      command.train.momentum = momentum;
+    } else if (flag == "--seed") {
+      command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
+    } else if (flag == "--data") {
+      if (value.empty()) throw Error("--data: empty directory name");
+      command.data_dir = value;
+    } else {
+      throw Error(cat("unknown option '", flag, "' (see --help)"));
+    }
+  }
+  return command;
+}
+
+}  // namespace quiver

@@ -1,0 +1,23 @@
+// Command-line options of quiver-train, parsed into a TrainCommand. Every bad value throws
+// quiver::Error naming the flag and what was wrong, so the program can print it and exit 2.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/trainer.h"
+
+namespace quiver {
+
+struct TrainCommand {
+  std::string model = "mlp";
+  std::string data_dir;  // empty: default_fashion_mnist_dir()
+  TrainOptions train;
+  bool help = false;
+  bool quiet = false;  // no live progress line
+};
+
+TrainCommand parse_train_command(const std::vector<std::string>& args);
+std::string train_usage();
+
+}  // namespace quiver

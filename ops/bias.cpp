@@ -1,0 +1,97 @@
+#include "ops/bias.h"
+
+#include "core/builder.h"
+#include "ops/kernel_util.h"
+
+namespace quiver {
+
+namespace {
+
+// x viewed as (outer, channels, inner).
+struct BiasGeometry {
+  int64_t outer = 0, channels = 0, inner = 0;
+};
+
+BiasGeometry geometry(const Shape& x) {
+  BiasGeometry g;
+  g.outer = x[0];
+  g.channels = x[1];
+  g.inner = x.numel() / std::max<int64_t>(1, g.outer * g.channels);
+  return g;
+}
+
+std::vector<TensorType> infer_bias_add(const InferContext& ctx) {
+  expect_inputs(ctx, 2);
+  if (ctx.shape(0).rank() < 2) ctx.fail("input must have rank >= 2 (B, C, ...)");
+  expect_rank(ctx, 1, 1);
+  if (ctx.shape(1)[0] != ctx.shape(0)[1])
+    ctx.fail(cat("bias ", ctx.shape(1).str(), " does not match axis 1 of input ", ctx.shape(0).str()));
+  return {{ctx.shape(0), DType::F32}};
+}
+
+std::vector<TensorType> infer_bias_grad(const InferContext& ctx) {
+  expect_inputs(ctx, 1);
+  if (ctx.shape(0).rank() < 2) ctx.fail("input must have rank >= 2 (B, C, ...)");
+  return {{Shape{ctx.shape(0)[1]}, DType::F32}};
+}
+
+KernelFn prepare_bias_add(const KernelSpec& spec) {
+  BiasGeometry g = geometry(spec.input(0).shape);
+  return [g](const KernelCall& call) {
+    float* dst = call.outputs[0].f32();        // (outer, C, inner)
+    const float* src = call.inputs[0].f32();   // (outer, C, inner)
+    const float* bias = call.inputs[1].f32();  // (C)
+    int64_t rows = g.outer * g.channels;
+    int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, g.inner));
+    call.ctx.parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        float value = bias[row % g.channels];
+        const float* in = src + row * g.inner;
+        float* out = dst + row * g.inner;
+        for (int64_t i = 0; i < g.inner; ++i) out[i] = in[i] + value;
+      }
+    });
+  };
+}
+
+KernelFn prepare_bias_grad(const KernelSpec& spec) {
+  BiasGeometry g = geometry(spec.input(0).shape);
+  return [g](const KernelCall& call) {
+    float* dbias = call.outputs[0].f32();     // (C)
+    const float* dy = call.inputs[0].f32();   // (outer, C, inner)
+    call.ctx.parallel_for(g.channels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        double sum = 0.0;
+        for (int64_t o = 0; o < g.outer; ++o) {
+          const float* row = dy + (o * g.channels + c) * g.inner;
+          float partial = 0.0f;
+          for (int64_t i = 0; i < g.inner; ++i) partial += row[i];
+          sum += partial;
+        }
+        dbias[c] = static_cast<float>(sum);
+      }
+    });
+  };
+}
+
+const bool registered = [] {
+  OpDef add;
+  add.kind = "bias_add";
+  add.infer = infer_bias_add;
+  add.backward = [](GradContext& ctx) {
+    ctx.set_input_grad(0, ctx.output_grad(0));
+    ctx.set_input_grad(1, ctx.builder().apply1("bias_grad", {ctx.output_grad(0)}, {}, ctx.name("bias")));
+  };
+  add.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_bias_add});
+  register_op(std::move(add));
+
+  OpDef grad;
+  grad.kind = "bias_grad";
+  grad.infer = infer_bias_grad;
+  grad.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_bias_grad});
+  return register_op(std::move(grad));
+}();
+
+}  // namespace
+
+}  // namespace quiver

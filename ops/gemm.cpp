@@ -1,0 +1,83 @@
+#include "ops/gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "oneapi/dnnl/dnnl.h"
+
+namespace quiver {
+
+namespace {
+
+void fill_leading_dims(GemmShape& s) {
+  if (s.lda < 0) s.lda = s.trans_a ? s.m : s.k;
+  if (s.ldb < 0) s.ldb = s.trans_b ? s.k : s.n;
+  if (s.ldc < 0) s.ldc = s.n;
+}
+
+void sgemm_single_thread(float* c, const float* a, const float* b, const GemmShape& s) {
+  // A per-thread setting: keeps this call inside the calling (granted) thread.
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
+  dnnl_status_t status =
+      dnnl_sgemm(s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.alpha, a, s.lda,
+                 b, s.ldb, s.beta, c, s.ldc);
+  if (status != dnnl_success)
+    throw Error(cat("oneDNN sgemm failed (status ", static_cast<int>(status), ") for M=", s.m,
+                    " N=", s.n, " K=", s.k));
+}
+
+// Below this many multiply-adds a slice is not worth a thread.
+constexpr int64_t kMinWorkPerSlice = 32 * 1024;
+
+}  // namespace
+
+void gemm(float* c, const float* a, const float* b, GemmShape s, const ExecContext& ctx) {
+  fill_leading_dims(s);
+  if (s.m == 0 || s.n == 0) return;
+  int64_t work = s.m * s.n * std::max<int64_t>(1, s.k);
+  int64_t slices = std::min<int64_t>(ctx.threads(), std::max<int64_t>(1, work / kMinWorkPerSlice));
+  if (slices <= 1) {
+    sgemm_single_thread(c, a, b, s);
+    return;
+  }
+  // Split the larger of M and N, in multiples of 16 columns when splitting N (vector width).
+  bool split_rows = s.m >= s.n || s.m >= 8 * slices;
+  int64_t extent = split_rows ? s.m : s.n;
+  int64_t unit = split_rows ? 1 : 16;
+  int64_t units = (extent + unit - 1) / unit;
+  slices = std::min(slices, units);
+  ctx.parallel_for(slices, 1, [&](int64_t first, int64_t last) {
+    for (int64_t slice = first; slice < last; ++slice) {
+      int64_t begin = std::min(extent, units * slice / slices * unit);
+      int64_t end = std::min(extent, units * (slice + 1) / slices * unit);
+      if (begin >= end) continue;
+      GemmShape part = s;
+      if (split_rows) {
+        part.m = end - begin;
+        sgemm_single_thread(c + begin * s.ldc, a + (s.trans_a ? begin : begin * s.lda), b, part);
+      } else {
+        part.n = end - begin;
+        sgemm_single_thread(c + begin, a, b + (s.trans_b ? begin * s.ldb : begin), part);
+      }
+    }
+  });
+}
+
+void gemm_reference(float* c, const float* a, const float* b, GemmShape s) {
+  fill_leading_dims(s);
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.n; ++j) {
+      double sum = 0.0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        float av = s.trans_a ? a[p * s.lda + i] : a[i * s.lda + p];
+        float bv = s.trans_b ? b[j * s.ldb + p] : b[p * s.ldb + j];
+        sum += static_cast<double>(av) * bv;
+      }
+      float& out = c[i * s.ldc + j];
+      out = static_cast<float>(s.alpha * sum + (s.beta == 0.0f ? 0.0 : s.beta * out));
+    }
+}
+
+}  // namespace quiver

@@ -1,0 +1,26 @@
+// Single-precision GEMM that honours the caller's thread grant: C (M,N) = alpha*op(A)*op(B) +
+// beta*C, row-major. The work is cut into at most ctx.threads() slices of M (or of N when M is
+// small), and each slice is one single-threaded oneDNN sgemm call, so oneDNN's OpenMP runtime
+// never opens a parallel region of its own: no oversubscription, no idle OpenMP threads spinning
+// on cores that other ops were granted.
+#pragma once
+
+#include <cstdint>
+
+#include "core/op.h"
+
+namespace quiver {
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t lda = -1, ldb = -1, ldc = -1;  // -1: dense (the natural leading dimension)
+};
+
+// c (M, N) <- alpha * op(a) * op(b) + beta * c
+void gemm(float* c, const float* a, const float* b, GemmShape shape, const ExecContext& ctx);
+// The same with naive loops: the reference the tests compare against.
+void gemm_reference(float* c, const float* a, const float* b, GemmShape shape);
+
+}  // namespace quiver

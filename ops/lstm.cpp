@@ -1,0 +1,176 @@
+#include "ops/lstm.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "core/builder.h"
+#include "ops/gemm.h"
+
+namespace quiver {
+
+namespace {
+
+struct LstmGeometry {
+  int64_t batch = 0, steps = 0, input = 0, hidden = 0;
+  int64_t gates() const { return 4 * hidden; }
+};
+
+LstmGeometry lstm_geometry(const Shape& x, const Shape& wh) { return {x[0], x[1], x[2], wh[0]}; }
+
+std::vector<TensorType> infer(const InferContext& ctx) {
+  expect_inputs(ctx, 4);
+  expect_rank(ctx, 0, 3);
+  expect_rank(ctx, 1, 2);
+  expect_rank(ctx, 2, 2);
+  expect_rank(ctx, 3, 1);
+  const Shape &x = ctx.shape(0), &wx = ctx.shape(1), &wh = ctx.shape(2), &b = ctx.shape(3);
+  int64_t hidden = wh[0];
+  if (wh[1] != 4 * hidden) ctx.fail(cat("wh ", wh.str(), " must be (H, 4H)"));
+  if (wx[0] != x[2] || wx[1] != 4 * hidden)
+    ctx.fail(cat("wx ", wx.str(), " must be (", x[2], ", ", 4 * hidden, ") for input ", x.str()));
+  if (b[0] != 4 * hidden) ctx.fail(cat("bias ", b.str(), " must be (", 4 * hidden, ")"));
+  return {{Shape{x[0], x[1], hidden}, DType::F32}, {Shape{x[1], x[0], 5 * hidden}, DType::F32}};
+}
+
+std::vector<TensorType> infer_grad(const InferContext& ctx) {
+  expect_inputs(ctx, 6);
+  return {{ctx.shape(1), DType::F32}, {ctx.shape(2), DType::F32}, {ctx.shape(3), DType::F32},
+          {Shape{ctx.shape(3)[1]}, DType::F32}};
+}
+
+KernelFn prepare_forward(const KernelSpec& spec) {
+  LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
+  auto projected = std::make_shared<std::vector<float>>(g.batch * g.steps * g.gates());  // (B*T, 4H)
+  auto gates = std::make_shared<std::vector<float>>(g.batch * g.gates());                 // (B, 4H)
+  return [g, projected, gates](const KernelCall& call) {
+    float* h = call.outputs[0].f32();        // (B, T, H)
+    float* cache = call.outputs[1].f32();    // (T, B, 5H)
+    const float* x = call.inputs[0].f32();   // (B, T, I)
+    const float* wx = call.inputs[1].f32();  // (I, 4H)
+    const float* wh = call.inputs[2].f32();  // (H, 4H)
+    const float* bias = call.inputs[3].f32();  // (4H)
+    const int64_t H = g.hidden, G = g.gates();
+    gemm(projected->data(), x, wx, GemmShape{g.batch * g.steps, G, g.input}, call.ctx);
+    for (int64_t t = 0; t < g.steps; ++t) {
+      if (t > 0) {
+        GemmShape s{g.batch, G, H};
+        s.lda = g.steps * H;
+        gemm(gates->data(), h + (t - 1) * H, wh, s, call.ctx);
+      }
+      call.ctx.parallel_for(g.batch, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const float* recurrent = gates->data() + b * G;
+          const float* input = projected->data() + (b * g.steps + t) * G;
+          float* out = cache + (t * g.batch + b) * 5 * H;
+          const float* previous = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H : nullptr;
+          for (int64_t j = 0; j < H; ++j) {
+            auto pre = [&](int gate) {
+              int64_t k = gate * H + j;
+              return input[k] + bias[k] + (t > 0 ? recurrent[k] : 0.0f);
+            };
+            math::LstmCell cell = math::lstm_cell_forward(pre(0), pre(1), pre(2), pre(3),
+                                                          previous ? previous[4 * H + j] : 0.0f);
+            out[j] = cell.i;
+            out[H + j] = cell.f;
+            out[2 * H + j] = cell.g;
+            out[3 * H + j] = cell.o;
+            out[4 * H + j] = cell.c;
+            h[(b * g.steps + t) * H + j] = cell.h;
+          }
+        }
+      });
+    }
+  };
+}
+
+KernelFn prepare_backward(const KernelSpec& spec) {
+  // inputs: dh (B,T,H), x (B,T,I), wx (I,4H), wh (H,4H), h (B,T,H), cache (T,B,5H)
+  LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
+  const int64_t rows = g.batch * g.steps;
+  auto dgates = std::make_shared<std::vector<float>>(rows * g.gates());        // (B*T, 4H)
+  auto h_previous = std::make_shared<std::vector<float>>(rows * g.hidden);     // (B*T, H)
+  auto dh_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
+  auto dc_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
+  return [=](const KernelCall& call) {
+    float* dx = call.outputs[0].f32();
+    float* dwx = call.outputs[1].f32();
+    float* dwh = call.outputs[2].f32();
+    float* dbias = call.outputs[3].f32();
+    const float* dh = call.inputs[0].f32();
+    const float* x = call.inputs[1].f32();
+    const float* wx = call.inputs[2].f32();
+    const float* wh = call.inputs[3].f32();
+    const float* h = call.inputs[4].f32();
+    const float* cache = call.inputs[5].f32();
+    const int64_t H = g.hidden, G = g.gates(), T = g.steps;
+    float* dG = dgates->data();
+    std::fill(dh_next->begin(), dh_next->end(), 0.0f);
+    std::fill(dc_next->begin(), dc_next->end(), 0.0f);
+    for (int64_t t = T - 1; t >= 0; --t) {
+      call.ctx.parallel_for(g.batch, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const float* cell = cache + (t * g.batch + b) * 5 * H;
+          const float* previous = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H : nullptr;
+          float* row = dG + (b * T + t) * G;
+          for (int64_t j = 0; j < H; ++j) {
+            float dh_total = dh[(b * T + t) * H + j] + (*dh_next)[b * H + j];
+            math::LstmCellGrad grad = math::lstm_cell_backward(
+                cell[j], cell[H + j], cell[2 * H + j], cell[3 * H + j], cell[4 * H + j],
+                previous ? previous[4 * H + j] : 0.0f, dh_total, (*dc_next)[b * H + j]);
+            row[j] = grad.d_pre_i;
+            row[H + j] = grad.d_pre_f;
+            row[2 * H + j] = grad.d_pre_g;
+            row[3 * H + j] = grad.d_pre_o;
+            (*dc_next)[b * H + j] = grad.dc_prev;
+          }
+        }
+      });
+      if (t > 0) {
+        GemmShape s{g.batch, H, G, false, true};
+        s.lda = T * G;
+        gemm(dh_next->data(), dG + t * G, wh, s, call.ctx);
+      }
+    }
+    float* hp = h_previous->data();
+    for (int64_t b = 0; b < g.batch; ++b) {
+      std::fill_n(hp + b * T * H, H, 0.0f);
+      std::copy_n(h + b * T * H, (T - 1) * H, hp + (b * T + 1) * H);
+    }
+    gemm(dwx, x, dG, GemmShape{g.input, G, rows, true, false}, call.ctx);
+    gemm(dwh, hp, dG, GemmShape{H, G, rows, true, false}, call.ctx);
+    gemm(dx, dG, wx, GemmShape{rows, g.input, G, false, true}, call.ctx);
+    call.ctx.parallel_for(G, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        float sum = 0.0f;
+        for (int64_t r = 0; r < rows; ++r) sum += dG[r * G + k];
+        dbias[k] = sum;
+      }
+    });
+  };
+}
+
+const bool registered = [] {
+  OpDef def;
+  def.kind = "lstm";
+  def.infer = infer;
+  def.backward = [](GradContext& ctx) {
+    std::vector<Value> grads = ctx.builder().apply(
+        "lstm_grad",
+        {ctx.output_grad(0), ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0), ctx.output(1)},
+        {}, ctx.name("all"));
+    for (int i = 0; i < 4; ++i) ctx.set_input_grad(i, grads[i]);
+  };
+  def.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_forward});
+  register_op(std::move(def));
+
+  OpDef grad;
+  grad.kind = "lstm_grad";
+  grad.infer = infer_grad;
+  grad.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_backward});
+  return register_op(std::move(grad));
+}();
+
+}  // namespace
+
+}  // namespace quiver

@@ -1,0 +1,49 @@
+// lstm: one fused LSTM layer. x (B, T, I), wx (I, 4H), wh (H, 4H), b (4H) -> h (B, T, H) and a
+// cache (T, B, 5H) of the gate activations i, f, g, o and the cell state c, kept for lstm_grad.
+// The input projection of all T steps is one GEMM; only h(t-1) * wh is sequential. Backward is
+// one node (lstm_grad) doing backpropagation through time, then three large GEMMs for dx, dwx
+// and dwh. The per-element cell math is written once here for the CPU and CUDA kernels.
+#pragma once
+
+#include <cmath>
+
+#include "ops/kernel_util.h"
+
+namespace quiver::math {
+
+struct LstmCell {
+  float i, f, g, o, c, h;
+};
+
+// Pre-activations of the four gates and the previous cell state -> the new cell.
+QUIVER_HD inline LstmCell lstm_cell_forward(float pre_i, float pre_f, float pre_g, float pre_o,
+                                            float c_prev) {
+  LstmCell cell;
+  cell.i = 1.0f / (1.0f + std::exp(-pre_i));
+  cell.f = 1.0f / (1.0f + std::exp(-pre_f));
+  cell.g = std::tanh(pre_g);
+  cell.o = 1.0f / (1.0f + std::exp(-pre_o));
+  cell.c = cell.f * c_prev + cell.i * cell.g;
+  cell.h = cell.o * std::tanh(cell.c);
+  return cell;
+}
+
+struct LstmCellGrad {
+  float d_pre_i, d_pre_f, d_pre_g, d_pre_o, dc_prev;
+};
+
+// dh and dc arriving at step t (dc from step t+1) -> gradients of the pre-activations and c(t-1).
+QUIVER_HD inline LstmCellGrad lstm_cell_backward(float i, float f, float g, float o, float c,
+                                                 float c_prev, float dh, float dc_next) {
+  float tanh_c = std::tanh(c);
+  float dc = dc_next + dh * o * (1.0f - tanh_c * tanh_c);
+  LstmCellGrad grad;
+  grad.d_pre_i = dc * g * i * (1.0f - i);
+  grad.d_pre_f = dc * c_prev * f * (1.0f - f);
+  grad.d_pre_g = dc * i * (1.0f - g * g);
+  grad.d_pre_o = dh * tanh_c * o * (1.0f - o);
+  grad.dc_prev = dc * f;
+  return grad;
+}
+
+}  // namespace quiver::math

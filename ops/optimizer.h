@@ -1,0 +1,29 @@
+// Optimizer updates as ops: sgd_update and adam_update write a parameter and its state in place
+// (they have no outputs). Each runs over one parameter's slice of the replica's flat buffers; the
+// runtime orders it after every reader of the parameter. The per-element math is here, once.
+#pragma once
+
+#include <cmath>
+
+#include "ops/kernel_util.h"
+
+namespace quiver::math {
+
+// Momentum SGD as Crossbow writes it: v = mu*v - lr*(g + wd*w); w = w + v.
+QUIVER_HD inline void sgd_step(float& w, float& v, float g, float lr, float momentum, float wd) {
+  v = momentum * v - lr * (g + wd * w);
+  w += v;
+}
+
+// Adam with bias correction; `step` counts updates from 1.
+QUIVER_HD inline void adam_step(float& w, float& m, float& v, float g, float lr, float beta1,
+                                float beta2, float epsilon, float wd, float step) {
+  g += wd * w;
+  m = beta1 * m + (1.0f - beta1) * g;
+  v = beta2 * v + (1.0f - beta2) * g * g;
+  float m_hat = m / (1.0f - std::pow(beta1, step));
+  float v_hat = v / (1.0f - std::pow(beta2, step));
+  w -= lr * m_hat / (std::sqrt(v_hat) + epsilon);
+}
+
+}  // namespace quiver::math

@@ -1,0 +1,110 @@
+#include "ops/pool.h"
+
+#include <algorithm>
+
+#include "core/builder.h"
+#include "ops/kernel_util.h"
+
+namespace quiver {
+
+namespace {
+
+struct PoolGeometry {
+  int64_t planes = 0, height = 0, width = 0, kernel = 0, stride = 0, out_h = 0, out_w = 0;
+};
+
+PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs) {
+  PoolGeometry g;
+  g.planes = x[0] * x[1];
+  g.height = x[2];
+  g.width = x[3];
+  g.kernel = attrs.get_int("kernel");
+  g.stride = attrs.get_int("stride", g.kernel);
+  g.out_h = (g.height - g.kernel) / g.stride + 1;
+  g.out_w = (g.width - g.kernel) / g.stride + 1;
+  return g;
+}
+
+std::vector<TensorType> infer(const InferContext& ctx) {
+  expect_inputs(ctx, 1);
+  expect_rank(ctx, 0, 4);
+  const Shape& x = ctx.shape(0);
+  int64_t kernel = ctx.node.attrs.get_int("kernel"), stride = ctx.node.attrs.get_int("stride", kernel);
+  if (kernel < 1 || stride < 1 || kernel > x[2] || kernel > x[3])
+    ctx.fail(cat("kernel ", kernel, " / stride ", stride, " invalid for ", x.str()));
+  PoolGeometry g = pool_geometry(x, ctx.node.attrs);
+  Shape out{x[0], x[1], g.out_h, g.out_w};
+  return {{out, DType::F32}, {out, DType::I32}};
+}
+
+std::vector<TensorType> infer_grad(const InferContext& ctx) {
+  expect_inputs(ctx, 2);
+  return {{Shape(ctx.node.attrs.get_ints("shape")), DType::F32}};
+}
+
+KernelFn prepare_forward(const KernelSpec& spec) {
+  PoolGeometry g = pool_geometry(spec.input(0).shape, spec.node.attrs);
+  return [g](const KernelCall& call) {
+    float* y = call.outputs[0].f32();          // (B*C, OH, OW)
+    int32_t* argmax = call.outputs[1].i32();   // (B*C, OH, OW): index into the H*W plane
+    const float* x = call.inputs[0].f32();     // (B*C, H, W)
+    call.ctx.parallel_for(g.planes, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const float* plane = x + p * g.height * g.width;
+        for (int64_t oh = 0; oh < g.out_h; ++oh)
+          for (int64_t ow = 0; ow < g.out_w; ++ow) {
+            int64_t best = (oh * g.stride) * g.width + ow * g.stride;
+            for (int64_t kh = 0; kh < g.kernel; ++kh)
+              for (int64_t kw = 0; kw < g.kernel; ++kw) {
+                int64_t at = (oh * g.stride + kh) * g.width + ow * g.stride + kw;
+                if (plane[at] > plane[best]) best = at;
+              }
+            int64_t out = (p * g.out_h + oh) * g.out_w + ow;
+            y[out] = plane[best];
+            argmax[out] = static_cast<int32_t>(best);
+          }
+      }
+    });
+  };
+}
+
+KernelFn prepare_grad(const KernelSpec& spec) {
+  PoolGeometry g = pool_geometry(spec.output(0).shape, spec.node.attrs);
+  return [g](const KernelCall& call) {
+    float* dx = call.outputs[0].f32();             // (B*C, H, W)
+    const float* dy = call.inputs[0].f32();        // (B*C, OH, OW)
+    const int32_t* argmax = call.inputs[1].i32();  // (B*C, OH, OW)
+    call.ctx.parallel_for(g.planes, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        float* plane = dx + p * g.height * g.width;
+        std::fill_n(plane, g.height * g.width, 0.0f);
+        for (int64_t o = p * g.out_h * g.out_w; o < (p + 1) * g.out_h * g.out_w; ++o)
+          plane[argmax[o]] += dy[o];
+      }
+    });
+  };
+}
+
+const bool registered = [] {
+  OpDef def;
+  def.kind = "max_pool2d";
+  def.infer = infer;
+  def.backward = [](GradContext& ctx) {
+    Attrs attrs = ctx.node().attrs;
+    attrs.set("shape", ctx.input_shape(0).dims());
+    ctx.set_input_grad(0, ctx.builder().apply1("max_pool2d_grad", {ctx.output_grad(0), ctx.output(1)},
+                                               attrs, ctx.name("input")));
+  };
+  def.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_forward});
+  register_op(std::move(def));
+
+  OpDef grad;
+  grad.kind = "max_pool2d_grad";
+  grad.infer = infer_grad;
+  grad.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_grad});
+  return register_op(std::move(grad));
+}();
+
+}  // namespace
+
+}  // namespace quiver

@@ -1,0 +1,85 @@
+// Fashion-MNIST loading on top of read_idx: file naming, cross-file consistency checks and the
+// byte-to-float conversion. The IDX format itself lives in idx.cpp.
+#include "runtime/fashion_mnist.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "runtime/idx.h"
+
+namespace quiver {
+namespace {
+
+constexpr const char* kDefaultDir = "/usr/share/datasets/fashion-mnist";
+constexpr int32_t kNumClasses = 10;
+constexpr const char* kHowToGetIt =
+    "install it with `apt-get install dataset-fashion-mnist`, or point --data or "
+    "QUIVER_DATA_DIR at a directory holding the IDX files";
+
+std::string find_file(const std::filesystem::path& dir, const std::string& stem) {
+  const std::filesystem::path gz = dir / (stem + ".gz");
+  const std::filesystem::path plain = dir / stem;
+  std::error_code ignored;
+  if (std::filesystem::exists(gz, ignored)) return gz.string();
+  if (std::filesystem::exists(plain, ignored)) return plain.string();
+  throw Error(cat("fashion-mnist: neither '", gz.string(), "' nor '", plain.string(),
+                  "' exists; ", kHowToGetIt));
+}
+
+}  // namespace
+
+std::string default_fashion_mnist_dir() {
+  const char* from_env = std::getenv("QUIVER_DATA_DIR");
+  if (from_env != nullptr && from_env[0] != '\0') return from_env;
+  return kDefaultDir;
+}
+
+Dataset load_fashion_mnist(const std::string& dir, Split split) {
+  std::error_code ignored;
+  if (!std::filesystem::is_directory(dir, ignored)) {
+    throw Error(cat("fashion-mnist: data directory '", dir, "' does not exist; ", kHowToGetIt));
+  }
+  const std::string prefix = split == Split::Train ? "train" : "t10k";
+  const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
+  const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
+
+  IdxArray images = read_idx(images_path);
+  if (images.dims.size() != 3) {
+    throw Error(cat("fashion-mnist: '", images_path, "' has ", images.dims.size(),
+                    " dimensions; images must be 3-D (count, rows, cols)"));
+  }
+  IdxArray labels = read_idx(labels_path);
+  if (labels.dims.size() != 1) {
+    throw Error(cat("fashion-mnist: '", labels_path, "' has ", labels.dims.size(),
+                    " dimensions; labels must be 1-D (count)"));
+  }
+  if (images.dims[0] != labels.dims[0]) {
+    throw Error(cat("fashion-mnist: count mismatch: '", images_path, "' holds ", images.dims[0],
+                    " images but '", labels_path, "' holds ", labels.dims[0], " labels"));
+  }
+
+  Dataset result;
+  result.count = images.dims[0];
+  result.rows = images.dims[1];
+  result.cols = images.dims[2];
+
+  result.labels.resize(labels.data.size());
+  for (size_t i = 0; i < labels.data.size(); ++i) {
+    const int32_t label = labels.data[i];
+    if (label >= kNumClasses) {
+      throw Error(cat("fashion-mnist: '", labels_path, "': label ", label, " at index ", i,
+                      " is outside 0..", kNumClasses - 1));
+    }
+    result.labels[i] = label;
+  }
+
+  result.images.resize(images.data.size());
+  // Division rather than multiplying by a rounded 1/255 keeps 255 mapping to exactly 1.0f.
+  for (size_t i = 0; i < images.data.size(); ++i) {
+    result.images[i] = static_cast<float>(images.data[i]) / 255.0f;
+  }
+  return result;
+}
+
+}  // namespace quiver

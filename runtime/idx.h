@@ -1,0 +1,28 @@
+// IDX file reader and writer (the MNIST container format), through zlib so a gzip-compressed
+// file and a plain one read the same way.
+// It handles only unsigned-byte IDX (type 0x08) with 1 to 4 dimensions, which is all the
+// image/label data sets need; it is not a general IDX library (no int/float element types)
+// and knows nothing about what the bytes mean: see fashion_mnist.h for that.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace quiver {
+
+struct IdxArray {
+  std::vector<int64_t> dims;  // outermost first, e.g. (count, rows, cols)
+  std::vector<uint8_t> data;  // row-major, product(dims) bytes
+};
+
+// Throws quiver::Error naming the path on: a file that cannot be opened or read, a bad magic
+// number (shown in hex), or a header or data section shorter than the header promises.
+// Bytes after the data are ignored.
+IdxArray read_idx(const std::string& path);
+
+// Writes `a` as unsigned-byte IDX, gzip-compressed when `gzip` is set. Throws quiver::Error
+// naming the path when the array is malformed or the file cannot be written.
+void write_idx(const std::string& path, const IdxArray& a, bool gzip);
+
+}  // namespace quiver

@@ -1,0 +1,70 @@
+#include "runtime/param_store.h"
+
+#include <random>
+
+#include "core/error.h"
+
+namespace quiver {
+
+namespace {
+
+constexpr int64_t kSlotAlignment = 16;  // floats: 64 bytes
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+// Uniform in [0, 1) from 53 random bits: the same on every standard library.
+double unit_uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+ParamStore::ParamStore(const Graph& graph) {
+  for (const ParamInfo& param : graph.params()) {
+    ParamSlot slot{param.name, graph.value(param.value).shape, flat_size_, param.init};
+    flat_size_ += (slot.shape.numel() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    slots_.push_back(std::move(slot));
+  }
+  params_ = Tensor::zeros(Shape{flat_size_});
+  grads_ = Tensor::zeros(Shape{flat_size_});
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  for (size_t index = 0; index < slots_.size(); ++index) {
+    const ParamSlot& slot = slots_[index];
+    float* values = param(static_cast<int>(index)).f32();
+    std::mt19937_64 rng(seed ^ fnv1a(slot.name));
+    for (int64_t i = 0; i < slot.shape.numel(); ++i)
+      values[i] = slot.init.kind == InitKind::Zeros
+                      ? 0.0f
+                      : static_cast<float>((2.0 * unit_uniform(rng) - 1.0) * slot.init.bound);
+  }
+  for (auto& [kind, state] : states_) state.fill(0.0f);
+}
+
+void ParamStore::check_compatible(const Graph& graph) const {
+  const auto& params = graph.params();
+  if (params.size() != slots_.size())
+    throw Error(cat("graph has ", params.size(), " parameters but the store holds ", slots_.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Shape& shape = graph.value(params[i].value).shape;
+    if (params[i].name != slots_[i].name || shape != slots_[i].shape)
+      throw Error(cat("parameter ", i, " is '", params[i].name, "' ", shape.str(), " in the graph but '",
+                      slots_[i].name, "' ", slots_[i].shape.str(), " in the store"));
+  }
+}
+
+const Tensor& ParamStore::flat_state(const std::string& kind) {
+  auto found = states_.find(kind);
+  if (found == states_.end()) found = states_.emplace(kind, Tensor::zeros(Shape{flat_size_})).first;
+  return found->second;
+}
+
+Tensor ParamStore::view(const Tensor& flat, int index) const {
+  const ParamSlot& slot = slots_.at(index);
+  return flat.slice(slot.offset, slot.shape);
+}
+
+}  // namespace quiver

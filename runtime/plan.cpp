@@ -1,0 +1,191 @@
+#include "runtime/plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "core/error.h"
+#include "runtime/thread_budget.h"
+
+namespace quiver {
+
+namespace {
+
+// Nodes the fetches and every in-place update depend on, in id (topological) order.
+std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& fetches) {
+  std::vector<bool> needed(graph.nodes().size(), false);
+  std::vector<NodeId> stack;
+  for (Value fetch : fetches) {
+    NodeId producer = graph.value(fetch.id).producer;
+    if (producer >= 0) stack.push_back(producer);
+  }
+  for (const Node& node : graph.nodes())
+    if (OpRegistry::global().get(node.op).updates_in_place) stack.push_back(node.id);
+  while (!stack.empty()) {
+    NodeId id = stack.back();
+    stack.pop_back();
+    if (needed[id]) continue;
+    needed[id] = true;
+    const Node& node = graph.node(id);
+    for (ValueId input : node.inputs)
+      if (graph.value(input).producer >= 0) stack.push_back(graph.value(input).producer);
+    for (NodeId control : node.control_inputs) stack.push_back(control);
+  }
+  std::vector<NodeId> order;
+  for (NodeId id = 0; id < static_cast<NodeId>(needed.size()); ++id)
+    if (needed[id]) order.push_back(id);
+  return order;
+}
+
+}  // namespace
+
+Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,
+           PlanOptions options)
+    : graph_(graph), tensors_(graph.values().size()) {
+  if (options.threads < 1) throw Error(cat("plan: threads must be >= 1, got ", options.threads));
+  if (options.threads == 1)
+    context_ = std::make_unique<SerialContext>();
+  else
+    context_ = std::make_unique<ThreadBudget>(options.threads);
+  store.check_compatible(graph);
+  for (NodeId id : needed_nodes(graph, fetches)) steps_.push_back(PlanStep{id, "", nullptr, {}, {}});
+  bind_values(store);
+  plan_activations(fetches);
+  choose_kernels(options);
+}
+
+Plan::~Plan() = default;
+
+int Plan::threads() const { return context_->threads(); }
+
+void Plan::bind_values(ParamStore& store) {
+  for (const ValueInfo& info : graph_.values()) {
+    switch (info.role) {
+      case ValueRole::Input:
+        tensors_[info.id] = Tensor::zeros(info.shape, info.dtype);
+        break;
+      case ValueRole::Parameter:
+        tensors_[info.id] = store.param(info.param_index);
+        break;
+      case ValueRole::ParamGrad:
+        tensors_[info.id] = store.grad(info.param_index);
+        break;
+      case ValueRole::State:
+        tensors_[info.id] = store.state(info.state_kind, info.param_index);
+        break;
+      case ValueRole::Activation:
+        break;
+    }
+  }
+}
+
+void Plan::plan_activations(const std::vector<Value>& fetches) {
+  constexpr int kForever = std::numeric_limits<int>::max();
+  std::map<ValueId, int> last_use;
+  for (int position = 0; position < static_cast<int>(steps_.size()); ++position) {
+    const Node& node = graph_.node(steps_[position].node);
+    for (ValueId output : node.outputs) last_use[output] = position;
+    for (ValueId input : node.inputs) last_use[input] = position;
+  }
+  for (Value fetch : fetches) last_use[fetch.id] = kForever;
+
+  struct Buffer {
+    std::shared_ptr<Storage> storage;
+    bool free = false;
+  };
+  std::vector<Buffer> buffers;
+  std::map<ValueId, size_t> buffer_of;
+  auto acquire = [&](int64_t bytes) {
+    size_t best = buffers.size();
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (buffers[i].free && buffers[i].storage->bytes() >= bytes &&
+          (best == buffers.size() || buffers[i].storage->bytes() < buffers[best].storage->bytes()))
+        best = i;
+    if (best == buffers.size()) {
+      buffers.push_back({std::make_shared<Storage>(std::max<int64_t>(bytes, 4)), false});
+      activation_bytes_ += std::max<int64_t>(bytes, 4);
+    }
+    buffers[best].free = false;
+    return best;
+  };
+
+  for (int position = 0; position < static_cast<int>(steps_.size()); ++position) {
+    const Node& node = graph_.node(steps_[position].node);
+    for (ValueId output : node.outputs) {
+      const ValueInfo& info = graph_.value(output);
+      if (info.role != ValueRole::Activation) continue;
+      size_t buffer = acquire(info.shape.numel() * size_of(info.dtype));
+      buffer_of[output] = buffer;
+      tensors_[output] = Tensor(buffers[buffer].storage, 0, info.shape, info.dtype);
+    }
+    // Released only after this node's outputs are placed: an op never writes over its own input.
+    std::vector<ValueId> touched = node.inputs;
+    touched.insert(touched.end(), node.outputs.begin(), node.outputs.end());
+    for (ValueId value : touched) {
+      auto found = buffer_of.find(value);
+      if (found != buffer_of.end() && last_use[value] == position) buffers[found->second].free = true;
+    }
+  }
+}
+
+void Plan::choose_kernels(const PlanOptions& options) {
+  for (PlanStep& step : steps_) {
+    const Node& node = graph_.node(step.node);
+    const OpDef& def = OpRegistry::global().get(node.op);
+    KernelSpec spec{graph_, node};
+    const KernelImpl* chosen = nullptr;
+    std::string reasons;
+    for (const KernelImpl& impl : def.kernels) {
+      if (impl.device != DeviceKind::CPU) continue;
+      std::string why = impl.declines ? impl.declines(spec) : "";
+      if (!why.empty()) {
+        reasons += cat(" ", impl.name, ": ", why, ";");
+        continue;
+      }
+      if (!chosen || impl.name == options.prefer_kernel) chosen = &impl;
+      if (options.prefer_kernel.empty()) break;
+    }
+    if (!chosen)
+      throw Error(cat(node.op, " '", node.name, "': no CPU kernel accepts this node;", reasons));
+    step.kernel_name = chosen->name;
+    step.kernel = chosen->prepare(spec);
+    for (ValueId input : node.inputs) step.inputs.push_back(tensors_[input]);
+    for (ValueId output : node.outputs) step.outputs.push_back(tensors_[output]);
+  }
+}
+
+bool Plan::has_input(const std::string& name) const {
+  for (const ValueInfo& info : graph_.values())
+    if (info.role == ValueRole::Input && info.name == name) return true;
+  return false;
+}
+
+const Tensor& Plan::input(const std::string& name) const {
+  ValueId id = graph_.find(name);
+  if (graph_.value(id).role != ValueRole::Input) throw Error(cat("'", name, "' is not an input"));
+  return tensors_[id];
+}
+
+const Tensor& Plan::tensor(Value value) const {
+  const Tensor& tensor = tensors_.at(value.id);
+  if (!tensor.defined())
+    throw Error(cat("value '", graph_.value(value.id).name, "' is not computed by this plan"));
+  return tensor;
+}
+
+void Plan::run() {
+  for (const PlanStep& step : steps_) {
+    const Node& node = graph_.node(step.node);
+    try {
+      step.kernel(KernelCall{*context_, node, step.inputs, step.outputs});
+    } catch (const Error& error) {
+      std::string message = error.what();
+      if (message.find("'" + node.name + "'") != std::string::npos) throw;
+      throw Error(cat(node.op, " '", node.name, "': ", message));
+    } catch (const std::exception& error) {
+      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+    }
+  }
+}
+
+}  // namespace quiver

@@ -1,0 +1,64 @@
+// Plan: a graph compiled for execution on one device. Compiling picks the nodes the fetched values
+// and the parameter updates need (in id order, which is a topological order), binds parameters,
+// gradients and optimizer state to the replica's flat buffers, plans activation memory (buffers
+// are reused once their last reader has run), chooses each node's kernel from the registry and
+// prepares it once. run() executes the steps serially: the reference executor.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/op.h"
+#include "runtime/param_store.h"
+
+namespace quiver {
+
+struct PlanOptions {
+  int threads = 1;
+  // Use the kernel of this name wherever an op has one ("reference" in tests); else registry order.
+  std::string prefer_kernel;
+};
+
+struct PlanStep {
+  NodeId node = -1;
+  std::string kernel_name;
+  KernelFn kernel;
+  std::vector<Tensor> inputs;
+  std::vector<Tensor> outputs;
+};
+
+class Plan {
+ public:
+  Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,
+       PlanOptions options = {});
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  // The tensor to fill before run() for the input named `name`.
+  const Tensor& input(const std::string& name) const;
+  bool has_input(const std::string& name) const;
+  // A value's tensor; meaningful after run() for fetched values, parameters and gradients.
+  const Tensor& tensor(Value value) const;
+  void run();
+
+  const Graph& graph() const { return graph_; }
+  const std::vector<PlanStep>& steps() const { return steps_; }
+  int64_t activation_bytes() const { return activation_bytes_; }
+  int threads() const;
+
+ private:
+  void bind_values(ParamStore& store);
+  void plan_activations(const std::vector<Value>& fetches);
+  void choose_kernels(const PlanOptions& options);
+
+  const Graph& graph_;
+  std::vector<Tensor> tensors_;  // by value id
+  std::vector<PlanStep> steps_;
+  int64_t activation_bytes_ = 0;
+  std::unique_ptr<ExecContext> context_;
+};
+
+}  // namespace quiver

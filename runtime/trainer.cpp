@@ -1,0 +1,185 @@
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "runtime/batcher.h"
+
+namespace quiver {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t count_correct(const float* scores, const int32_t* labels, int64_t rows, int64_t classes) {
+  int64_t correct = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = scores + r * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c)
+      if (row[c] > row[best]) best = c;
+    correct += best == labels[r];
+  }
+  return correct;
+}
+
+void check_options(const TrainOptions& o) {
+  if (o.batch < 1) throw Error(cat("batch must be >= 1, got ", o.batch));
+  if (o.epochs < 1) throw Error(cat("epochs must be >= 1, got ", o.epochs));
+  if (o.max_steps < 0) throw Error(cat("max_steps must be >= 0, got ", o.max_steps));
+  if (o.threads < 1) throw Error(cat("threads must be >= 1, got ", o.threads));
+  if (!(o.learning_rate > 0.0) || !std::isfinite(o.learning_rate))
+    throw Error(cat("learning rate must be a positive number, got ", o.learning_rate));
+  if (o.optimizer != "sgd" && o.optimizer != "adam")
+    throw Error(cat("optimizer must be sgd or adam, got '", o.optimizer, "'"));
+  if (o.eval_batch < 1) throw Error(cat("eval batch must be >= 1, got ", o.eval_batch));
+}
+
+}  // namespace
+
+Trainer::Trainer(ModelSpec model, TrainOptions options)
+    : model_(std::move(model)), options_(std::move(options)) {
+  check_options(options_);
+  train_graph_ = build_graph(options_.batch, true, &logits_, &loss_, &probs_);
+  eval_graph_ = build_graph(options_.eval_batch, false, &eval_logits_, nullptr, nullptr);
+  store_ = std::make_unique<ParamStore>(train_graph_);
+  store_->initialize(options_.seed);
+  PlanOptions plan_options;
+  plan_options.threads = options_.threads;
+  train_plan_ = std::make_unique<Plan>(train_graph_, *store_, std::vector<Value>{loss_, probs_}, plan_options);
+  eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
+}
+
+Trainer::~Trainer() = default;
+
+Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs) {
+  GraphBuilder builder;
+  std::vector<int64_t> dims{batch};
+  for (int64_t extent : model_.sample_shape.dims()) dims.push_back(extent);
+  Value images = builder.input("images", Shape(dims));
+  *logits = model_.build(builder, images);
+  const Shape& out = builder.shape(*logits);
+  if (out.rank() != 2 || out[0] != batch)
+    throw Error(cat("model '", model_.name, "' returned logits of shape ", out.str(),
+                    "; expected (", batch, ", classes)"));
+  if (!training) return std::move(builder.graph());
+  Value labels = builder.input("labels", Shape{batch}, DType::I32);
+  std::vector<Value> loss_outputs = builder.apply("softmax_cross_entropy", {*logits, labels}, {}, "loss");
+  *loss = loss_outputs[0];
+  *probs = loss_outputs[1];
+  build_backward(builder, *loss);
+  Value learning_rate = builder.input("learning_rate", Shape{1});
+  if (options_.optimizer == "adam") {
+    Value step = builder.input("step", Shape{1});
+    AdamOptions adam;
+    adam.weight_decay = options_.weight_decay;
+    add_adam_update(builder, learning_rate, step, adam);
+  } else {
+    add_sgd_update(builder, learning_rate, SgdOptions{options_.momentum, options_.weight_decay});
+  }
+  return std::move(builder.graph());
+}
+
+double Trainer::train_step(const float* images, const int32_t* labels) {
+  Plan& plan = *train_plan_;
+  const Tensor& image_input = plan.input("images");
+  std::memcpy(image_input.f32(), images, static_cast<size_t>(image_input.bytes()));
+  const Tensor& label_input = plan.input("labels");
+  std::memcpy(label_input.i32(), labels, static_cast<size_t>(label_input.bytes()));
+  plan.input("learning_rate").f32()[0] = static_cast<float>(options_.learning_rate);
+  ++steps_done_;
+  if (plan.has_input("step")) plan.input("step").f32()[0] = static_cast<float>(steps_done_);
+  plan.run();
+  double loss = plan.tensor(loss_).f32()[0];
+  if (!std::isfinite(loss))
+    throw Error(cat("training stopped: loss is ", loss, " at step ", steps_done_,
+                    " (try a lower learning rate)"));
+  return loss;
+}
+
+TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
+  const int64_t features = model_.sample_shape.numel();
+  if (train.rows * train.cols != features)
+    throw Error(cat("model '", model_.name, "' takes samples of ", features, " values, the data has ",
+                    train.rows, "x", train.cols));
+  BatcherOptions batcher_options;
+  batcher_options.batch_size = options_.batch;
+  batcher_options.seed = options_.seed;
+  Batcher batcher(train, batcher_options);
+  const int64_t per_epoch = batcher.batches_per_epoch();
+  int64_t total = per_epoch * options_.epochs;
+  if (options_.max_steps > 0) total = std::min(total, options_.max_steps);
+  const int64_t classes = train_plan_->tensor(probs_).shape()[1];
+
+  TrainReport report;
+  Clock::time_point run_start = Clock::now();
+  int64_t global = 0;
+  for (int64_t epoch = 1; epoch <= options_.epochs && global < total; ++epoch) {
+    EpochReport epoch_report;
+    epoch_report.epoch = epoch;
+    Clock::time_point epoch_start = Clock::now();
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    Clock::time_point last_report = epoch_start;
+    for (int64_t step = 1; step <= per_epoch && global < total; ++step) {
+      Batch batch = batcher.next();
+      double loss = train_step(batch.images.data(), batch.labels.data());
+      ++global;
+      loss_sum += loss;
+      correct += count_correct(train_plan_->tensor(probs_).f32(), batch.labels.data(), batch.size, classes);
+      epoch_report.steps = step;
+      bool last = step == per_epoch || global == total;
+      if (progress_ && (last || seconds_since(last_report) > 0.5)) {
+        last_report = Clock::now();
+        double elapsed = seconds_since(run_start);
+        Progress p{epoch, options_.epochs, step, per_epoch, global, total, loss_sum / step,
+                   global * options_.batch / std::max(elapsed, 1e-9),
+                   elapsed / global * (total - global)};
+        progress_(p);
+      }
+    }
+    epoch_report.seconds = seconds_since(epoch_start);
+    epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_report.steps);
+    epoch_report.train_accuracy =
+        static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch);
+    epoch_report.samples_per_second = epoch_report.steps * options_.batch / std::max(epoch_report.seconds, 1e-9);
+    report.final_loss = epoch_report.mean_loss;
+    if (test) epoch_report.test_accuracy = evaluate(*test);
+    report.epochs.push_back(epoch_report);
+  }
+  report.steps = global;
+  report.seconds = 0.0;
+  for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
+  report.samples_per_second = global * options_.batch / std::max(report.seconds, 1e-9);
+  return report;
+}
+
+double Trainer::evaluate(const Dataset& data) {
+  Plan& plan = *eval_plan_;
+  const Tensor& images = plan.input("images");
+  const int64_t batch = images.shape()[0];
+  const int64_t features = images.numel() / batch;
+  if (data.rows * data.cols != features)
+    throw Error(cat("evaluate: model takes ", features, " values per sample, the data has ",
+                    data.rows, "x", data.cols));
+  const Tensor& logits = plan.tensor(eval_logits_);
+  const int64_t classes = logits.shape()[1];
+  int64_t correct = 0;
+  for (int64_t first = 0; first < data.count; first += batch) {
+    int64_t rows = std::min(batch, data.count - first);
+    std::memcpy(images.f32(), data.images.data() + first * features, sizeof(float) * rows * features);
+    if (rows < batch) std::memset(images.f32() + rows * features, 0, sizeof(float) * (batch - rows) * features);
+    plan.run();
+    correct += count_correct(logits.f32(), data.labels.data() + first, rows, classes);
+  }
+  return data.count ? static_cast<double>(correct) / static_cast<double>(data.count) : 0.0;
+}
+
+}  // namespace quiver

@@ -1,0 +1,91 @@
+// Trainer: single-learner training of a ModelSpec on a Dataset. It builds the step graph
+// (forward, loss, backward, optimizer update) for the training batch size and a forward-only
+// graph for evaluation, both over one ParamStore; feeds batches from a prefetching Batcher;
+// stops with quiver::Error (naming the step) on a non-finite loss; and reports loss, accuracy and
+// throughput. Multi-learner training builds on the same pieces.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn.h"
+#include "runtime/fashion_mnist.h"
+#include "runtime/param_store.h"
+#include "runtime/plan.h"
+
+namespace quiver {
+
+struct TrainOptions {
+  int64_t batch = 64;
+  int64_t epochs = 1;
+  int64_t max_steps = 0;  // 0: no limit
+  int threads = 1;
+  std::string optimizer = "sgd";  // sgd | adam
+  double learning_rate = 0.01;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  uint64_t seed = 1;
+  int64_t eval_batch = 1000;
+};
+
+struct Progress {
+  int64_t epoch = 0, epochs = 0;
+  int64_t step = 0, steps_in_epoch = 0;  // step within the epoch, 1-based
+  int64_t global_step = 0, total_steps = 0;
+  double loss = 0.0;              // mean over the epoch so far
+  double samples_per_second = 0.0;
+  double eta_seconds = 0.0;
+};
+
+struct EpochReport {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  double mean_loss = 0.0;
+  double train_accuracy = 0.0;
+  double test_accuracy = -1.0;  // -1: not evaluated
+  double seconds = 0.0;
+  double samples_per_second = 0.0;
+};
+
+struct TrainReport {
+  std::vector<EpochReport> epochs;
+  int64_t steps = 0;
+  double seconds = 0.0;
+  double samples_per_second = 0.0;
+  double final_loss = 0.0;
+};
+
+class Trainer {
+ public:
+  Trainer(ModelSpec model, TrainOptions options);
+  ~Trainer();
+
+  // Trains on `train`; evaluates on `test` after each epoch when given.
+  TrainReport fit(const Dataset& train, const Dataset* test = nullptr);
+  // Top-1 accuracy of the current parameters.
+  double evaluate(const Dataset& data);
+  // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks.
+  double train_step(const float* images, const int32_t* labels);
+
+  void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
+  ParamStore& params() { return *store_; }
+  const Graph& train_graph() const { return train_graph_; }
+  Plan& train_plan() { return *train_plan_; }
+  const TrainOptions& options() const { return options_; }
+
+ private:
+  Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);
+
+  ModelSpec model_;
+  TrainOptions options_;
+  Graph train_graph_, eval_graph_;
+  Value logits_, loss_, probs_, eval_logits_;
+  std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<Plan> train_plan_, eval_plan_;
+  int64_t steps_done_ = 0;
+  std::function<void(const Progress&)> progress_;
+};
+
+}  // namespace quiver

@@ -1,0 +1,65 @@
+// quiver-train's command line: good values parse, every bad value names its flag.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "examples/train_options.h"
+
+namespace quiver {
+namespace {
+
+TEST(TrainOptions, ParsesEveryFlag) {
+  TrainCommand c = parse_train_command({"--model", "cnn", "--epochs", "3", "--max-steps", "50", "--batch",
+                                        "16", "--threads", "2", "--lr", "0.05", "--seed", "9", "--data",
+                                        "/tmp/fm", "--optimizer", "adam", "--quiet"});
+  EXPECT_EQ(c.model, "cnn");
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.max_steps, 50);
+  EXPECT_EQ(c.train.batch, 16);
+  EXPECT_EQ(c.train.threads, 2);
+  EXPECT_DOUBLE_EQ(c.train.learning_rate, 0.05);
+  EXPECT_EQ(c.train.seed, 9u);
+  EXPECT_EQ(c.data_dir, "/tmp/fm");
+  EXPECT_EQ(c.train.optimizer, "adam");
+  EXPECT_TRUE(c.quiet);
+  EXPECT_TRUE(parse_train_command({"--help"}).help);
+}
+
+struct BadFlag {
+  std::vector<std::string> args;
+  std::string flag;
+};
+
+void PrintTo(const BadFlag& bad, std::ostream* out) {
+  for (const std::string& arg : bad.args) *out << arg << " ";
+}
+
+class RejectsBadValue : public ::testing::TestWithParam<BadFlag> {};
+
+TEST_P(RejectsBadValue, NamesTheFlag) {
+  try {
+    parse_train_command(GetParam().args);
+    FAIL() << "accepted a bad value";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(GetParam().flag), std::string::npos) << error.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, RejectsBadValue,
+    ::testing::Values(BadFlag{{"--model", "resnet"}, "--model"}, BadFlag{{"--batch", "0"}, "--batch"},
+                      BadFlag{{"--batch", "abc"}, "--batch"}, BadFlag{{"--batch", "12x"}, "--batch"},
+                      BadFlag{{"--epochs", "-1"}, "--epochs"}, BadFlag{{"--threads", "0"}, "--threads"},
+                      BadFlag{{"--lr", "-0.1"}, "--lr"}, BadFlag{{"--lr", "nan"}, "--lr"},
+                      BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"},
+                      BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},
+                      BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
+                      BadFlag{{"--frobnicate", "1"}, "--frobnicate"}),
+    [](const ::testing::TestParamInfo<BadFlag>& info) {
+      std::string name = std::to_string(info.index);
+      for (const std::string& arg : info.param.args)
+        for (char ch : arg) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return name;
+    });
+
+}  // namespace
+}  // namespace quiver

@@ -1,0 +1,234 @@
+// Every op: forward against a naive or closed-form reference, and its gradient against finite
+// differences, through the one harness (op_harness.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/conv2d.h"
+#include "tests/ops/op_harness.h"
+
+namespace quiver::testing {
+namespace {
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+Host matmul_reference(const Host& a, const Host& b, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  Host c(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        c[i * n + j] += (ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+  return c;
+}
+
+OpCase matmul_case(bool ta, bool tb) {
+  const int64_t m = 5, n = 7, k = 6;
+  OpCase c;
+  c.name = std::string("matmul") + (ta ? "_ta" : "") + (tb ? "_tb" : "");
+  c.inputs = {{ta ? Shape{k, m} : Shape{m, k}}, {tb ? Shape{n, k} : Shape{k, n}}};
+  c.build = [=](GraphBuilder& b, const std::vector<Value>& in) { return b.matmul(in[0], in[1], ta, tb); };
+  c.reference = [=](const std::vector<Host>& in) { return matmul_reference(in[0], in[1], m, n, k, ta, tb); };
+  return c;
+}
+
+OpCase unary_case(const std::string& name, Draw draw, std::function<double(double)> fn) {
+  OpCase c;
+  c.name = name;
+  c.inputs = {{Shape{4, 9}, draw}};
+  c.build = [name](GraphBuilder& b, const std::vector<Value>& in) { return b.apply1(name, {in[0]}); };
+  c.reference = [fn](const std::vector<Host>& in) {
+    Host out(in[0].size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = fn(in[0][i]);
+    return out;
+  };
+  return c;
+}
+
+OpCase binary_case(const std::string& name, std::function<double(double, double)> fn) {
+  OpCase c;
+  c.name = name;
+  c.inputs = {{Shape{3, 8}}, {Shape{3, 8}}};
+  c.build = [name](GraphBuilder& b, const std::vector<Value>& in) { return b.apply1(name, {in[0], in[1]}); };
+  c.reference = [fn](const std::vector<Host>& in) {
+    Host out(in[0].size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = fn(in[0][i], in[1][i]);
+    return out;
+  };
+  return c;
+}
+
+OpCase bias_add_case(Shape x) {
+  OpCase c;
+  c.name = "bias_add" + x.str();
+  c.inputs = {{x}, {Shape{x[1]}}};
+  c.build = [](GraphBuilder& b, const std::vector<Value>& in) { return b.bias_add(in[0], in[1]); };
+  c.reference = [x](const std::vector<Host>& in) {
+    Host out = in[0];
+    int64_t inner = x.numel() / (x[0] * x[1]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] += in[1][(i / inner) % x[1]];
+    return out;
+  };
+  return c;
+}
+
+OpCase conv_case(Shape x, Shape w, int64_t stride, int64_t padding) {
+  OpCase c;
+  c.name = cat("conv2d", x.str(), w.str(), "_s", stride, "_p", padding);
+  c.inputs = {{x}, {w}};
+  c.build = [=](GraphBuilder& b, const std::vector<Value>& in) {
+    return b.conv2d(in[0], in[1], Conv2dAttrs{stride, padding});
+  };
+  c.reference = [=](const std::vector<Host>& in) {
+    ConvGeometry g = conv_geometry(x, w, stride, padding);
+    Host y(g.batch * g.out_channels * g.out_plane(), 0.0);
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t o = 0; o < g.out_channels; ++o)
+        for (int64_t oh = 0; oh < g.out_h; ++oh)
+          for (int64_t ow = 0; ow < g.out_w; ++ow)
+            for (int64_t ch = 0; ch < g.channels; ++ch)
+              for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+                for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+                  int64_t ih = oh * stride - padding + kh, iw = ow * stride - padding + kw;
+                  if (ih < 0 || iw < 0 || ih >= g.height || iw >= g.width) continue;
+                  y[((n * g.out_channels + o) * g.out_h + oh) * g.out_w + ow] +=
+                      in[0][((n * g.channels + ch) * g.height + ih) * g.width + iw] *
+                      in[1][((o * g.channels + ch) * g.kernel_h + kh) * g.kernel_w + kw];
+                }
+    return y;
+  };
+  return c;
+}
+
+OpCase max_pool_case(Shape x, int64_t kernel, int64_t stride) {
+  OpCase c;
+  c.name = cat("max_pool2d", x.str(), "_k", kernel, "_s", stride);
+  c.inputs = {{x, Draw::Distinct}};
+  c.build = [=](GraphBuilder& b, const std::vector<Value>& in) { return b.max_pool2d(in[0], kernel, stride); };
+  c.reference = [=](const std::vector<Host>& in) {
+    int64_t oh = (x[2] - kernel) / stride + 1, ow = (x[3] - kernel) / stride + 1;
+    Host y;
+    for (int64_t p = 0; p < x[0] * x[1]; ++p)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double best = -1e300;
+          for (int64_t a = 0; a < kernel; ++a)
+            for (int64_t b = 0; b < kernel; ++b)
+              best = std::max(best, in[0][(p * x[2] + i * stride + a) * x[3] + j * stride + b]);
+          y.push_back(best);
+        }
+    return y;
+  };
+  return c;
+}
+
+OpCase softmax_ce_case() {
+  const int64_t batch = 6, classes = 5;
+  OpCase c;
+  c.name = "softmax_cross_entropy";
+  c.inputs = {{Shape{batch, classes}}, {Shape{batch}, Draw::Labels, classes}};
+  c.build = [](GraphBuilder& b, const std::vector<Value>& in) { return b.softmax_cross_entropy(in[0], in[1]); };
+  c.reference = [=](const std::vector<Host>& in) {
+    double total = 0.0;
+    for (int64_t r = 0; r < batch; ++r) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < classes; ++k) sum += std::exp(in[0][r * classes + k]);
+      total += std::log(sum) - in[0][r * classes + static_cast<int64_t>(in[1][r])];
+    }
+    return Host{total / batch};
+  };
+  return c;
+}
+
+// Naive LSTM over T steps with gates i, f, g, o: the textbook recurrence, step by step.
+OpCase lstm_case(int64_t batch, int64_t steps, int64_t input, int64_t hidden) {
+  OpCase c;
+  c.name = cat("lstm_B", batch, "_T", steps);
+  c.inputs = {{Shape{batch, steps, input}}, {Shape{input, 4 * hidden}}, {Shape{hidden, 4 * hidden}},
+              {Shape{4 * hidden}}};
+  c.build = [](GraphBuilder& b, const std::vector<Value>& in) { return b.lstm(in[0], in[1], in[2], in[3]); };
+  c.reference = [=](const std::vector<Host>& in) {
+    const Host &x = in[0], &wx = in[1], &wh = in[2], &bias = in[3];
+    Host out(batch * steps * hidden);
+    for (int64_t b = 0; b < batch; ++b) {
+      Host h(hidden, 0.0), cell(hidden, 0.0);
+      for (int64_t t = 0; t < steps; ++t) {
+        Host pre(4 * hidden);
+        for (int64_t j = 0; j < 4 * hidden; ++j) {
+          pre[j] = bias[j];
+          for (int64_t i = 0; i < input; ++i) pre[j] += x[(b * steps + t) * input + i] * wx[i * 4 * hidden + j];
+          for (int64_t k = 0; k < hidden; ++k) pre[j] += h[k] * wh[k * 4 * hidden + j];
+        }
+        for (int64_t j = 0; j < hidden; ++j) {
+          double ig = sigmoid(pre[j]), fg = sigmoid(pre[hidden + j]);
+          double gg = std::tanh(pre[2 * hidden + j]), og = sigmoid(pre[3 * hidden + j]);
+          cell[j] = fg * cell[j] + ig * gg;
+          h[j] = og * std::tanh(cell[j]);
+          out[(b * steps + t) * hidden + j] = h[j];
+        }
+      }
+    }
+    return out;
+  };
+  return c;
+}
+
+OpCase select_step_case(int64_t step) {
+  OpCase c;
+  c.name = cat("select_step_", step);
+  c.inputs = {{Shape{3, 4, 5}}};
+  c.build = [step](GraphBuilder& b, const std::vector<Value>& in) { return b.select_step(in[0], step); };
+  c.reference = [step](const std::vector<Host>& in) {
+    int64_t t = step < 0 ? step + 4 : step;
+    Host out;
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t h = 0; h < 5; ++h) out.push_back(in[0][(b * 4 + t) * 5 + h]);
+    return out;
+  };
+  return c;
+}
+
+OpCase reshape_case() {
+  OpCase c;
+  c.name = "reshape";
+  c.inputs = {{Shape{2, 3, 4}}};
+  c.build = [](GraphBuilder& b, const std::vector<Value>& in) { return b.reshape(in[0], Shape{4, 6}); };
+  c.reference = [](const std::vector<Host>& in) { return in[0]; };
+  return c;
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases = {
+      matmul_case(false, false), matmul_case(true, false), matmul_case(false, true), matmul_case(true, true),
+      binary_case("add", [](double a, double b) { return a + b; }),
+      binary_case("mul", [](double a, double b) { return a * b; }),
+      unary_case("relu", Draw::AwayFromZero, [](double x) { return x > 0 ? x : 0.0; }),
+      unary_case("sigmoid", Draw::Smooth, sigmoid),
+      unary_case("tanh", Draw::Smooth, [](double x) { return std::tanh(x); }),
+      bias_add_case(Shape{4, 6}), bias_add_case(Shape{2, 3, 4, 5}),
+      conv_case(Shape{2, 3, 7, 7}, Shape{4, 3, 3, 3}, 1, 1),
+      conv_case(Shape{2, 2, 8, 8}, Shape{3, 2, 3, 3}, 2, 1),  // stride 2 with padding
+      conv_case(Shape{1, 1, 6, 6}, Shape{2, 1, 5, 5}, 1, 2),  // the CNN's 5x5, pad 2
+      max_pool_case(Shape{2, 3, 6, 6}, 2, 2), max_pool_case(Shape{1, 2, 7, 7}, 3, 2),
+      softmax_ce_case(),
+      lstm_case(2, 1, 3, 4), lstm_case(3, 5, 4, 3),  // one step and several steps
+      select_step_case(-1), select_step_case(1),
+      reshape_case(),
+  };
+  return cases;
+}
+
+class OpTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpTest, ForwardMatchesReference) { check_forward(GetParam()); }
+TEST_P(OpTest, GradientMatchesFiniteDifferences) { check_gradient(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           std::string name;
+                           for (char ch : info.param.name) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace quiver::testing

@@ -1,0 +1,432 @@
+// Tests for the data path: IDX reading/writing, the Fashion-MNIST loader (on small synthetic
+// files, and on the real data set when it is installed) and the Batcher's ordering and
+// shutdown. Not a performance test.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/batcher.h"
+#include "runtime/fashion_mnist.h"
+#include "runtime/idx.h"
+
+namespace quiver {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs `action` twice: once for EXPECT_THROW, once to check that the quiver::Error's message
+// holds every one of `parts`.
+template <typename Action>
+void expect_error(Action&& action, const std::vector<std::string>& parts) {
+  EXPECT_THROW(action(), Error);
+  try {
+    action();
+    ADD_FAILURE() << "expected quiver::Error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "message lacks '" << part << "': " << message;
+    }
+  }
+}
+
+void write_bytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+}
+
+// A well-formed gzip stream around arbitrary (possibly malformed IDX) bytes.
+void write_gz_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  EXPECT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
+  EXPECT_EQ(gzclose(file), Z_OK);
+}
+
+std::vector<uint8_t> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+IdxArray patterned(std::vector<int64_t> dims) {
+  IdxArray a;
+  a.dims = std::move(dims);
+  int64_t elements = 1;
+  for (int64_t d : a.dims) elements *= d;
+  for (int64_t i = 0; i < elements; ++i) {
+    a.data.push_back(static_cast<uint8_t>((i * 37 + 11) % 256));
+  }
+  return a;
+}
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("quiver_data_") + info->test_suite_name() + "_" + info->name() + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+// ---------------------------------------------------------------------------- IDX
+
+using DataIdx = TempDir;
+
+TEST_F(DataIdx, RoundTripsGzipAndPlain) {
+  for (const IdxArray& a : {patterned({3, 5, 7}), patterned({11}), patterned({2, 2, 2, 3})}) {
+    for (bool gzip : {true, false}) {
+      const std::string file = path(gzip ? "a.idx.gz" : "a.idx");
+      write_idx(file, a, gzip);
+      const std::vector<uint8_t> raw = read_bytes(file);
+      ASSERT_GE(raw.size(), 2u);
+      if (gzip) {
+        EXPECT_EQ(raw[0], 0x1f);
+        EXPECT_EQ(raw[1], 0x8b);
+      } else {
+        EXPECT_EQ(raw.size(), 4 + 4 * a.dims.size() + a.data.size());
+        EXPECT_EQ(raw[2], 0x08);
+      }
+      const IdxArray back = read_idx(file);
+      EXPECT_EQ(back.dims, a.dims);
+      EXPECT_EQ(back.data, a.data);
+    }
+  }
+}
+
+TEST_F(DataIdx, TrailingBytesAreIgnored) {
+  const IdxArray a = patterned({4, 2});
+  write_idx(path("a"), a, false);
+  std::vector<uint8_t> raw = read_bytes(path("a"));
+  raw.insert(raw.end(), {1, 2, 3});
+  write_bytes(path("a"), raw);
+  EXPECT_EQ(read_idx(path("a")).data, a.data);
+}
+
+TEST_F(DataIdx, MissingFileSaysCannotOpen) {
+  const std::string file = path("nope-ubyte.gz");
+  expect_error([&] { read_idx(file); }, {file, "cannot open"});
+}
+
+TEST_F(DataIdx, TruncatedDataPlain) {
+  const std::string file = path("short");
+  write_bytes(file, {0, 0, 8, 1, 0, 0, 0, 10, 1, 2, 3, 4, 5});
+  expect_error([&] { read_idx(file); },
+               {file, "truncated", "expected 10 bytes of data, got 5"});
+}
+
+TEST_F(DataIdx, TruncatedDataInsideValidGzip) {
+  const std::string file = path("short.gz");
+  std::vector<uint8_t> bytes = {0, 0, 8, 2, 0, 0, 0, 4, 0, 0, 0, 25};  // promises 100 bytes
+  bytes.resize(bytes.size() + 60, 7);
+  write_gz_bytes(file, bytes);
+  expect_error([&] { read_idx(file); },
+               {file, "truncated", "expected 100 bytes of data, got 60"});
+}
+
+TEST_F(DataIdx, CutGzipStream) {
+  const std::string file = path("cut.gz");
+  write_idx(file, patterned({64, 64}), true);
+  std::vector<uint8_t> raw = read_bytes(file);
+  raw.resize(raw.size() / 2);
+  write_bytes(file, raw);
+  expect_error([&] { read_idx(file); }, {file, "truncated", "expected 4096 bytes of data"});
+}
+
+TEST_F(DataIdx, TruncatedHeader) {
+  const std::string file = path("hdr");
+  write_bytes(file, {0, 0, 8, 3, 0, 0, 0, 9});
+  expect_error([&] { read_idx(file); }, {file, "truncated", "header"});
+  write_bytes(file, {0, 0});
+  expect_error([&] { read_idx(file); }, {file, "truncated", "header"});
+}
+
+TEST_F(DataIdx, BadMagicShowsValueInHex) {
+  const std::string file = path("magic");
+  write_bytes(file, {0x08, 0x03, 0, 0, 0, 0, 0, 1, 7});
+  expect_error([&] { read_idx(file); }, {file, "bad magic", "0x08030000"});
+  write_bytes(file, {0, 0, 0x0d, 1, 0, 0, 0, 1, 0, 0, 0, 0});  // float IDX
+  expect_error([&] { read_idx(file); }, {file, "bad magic", "0x00000d01"});
+  write_bytes(file, {0, 0, 8, 0});
+  expect_error([&] { read_idx(file); }, {file, "bad magic", "0x00000800"});
+  write_bytes(file, {0, 0, 8, 5});
+  expect_error([&] { read_idx(file); }, {file, "bad magic", "0x00000805"});
+}
+
+TEST_F(DataIdx, WriterRejectsInconsistentArray) {
+  IdxArray a = patterned({3, 3});
+  a.data.pop_back();
+  expect_error([&] { write_idx(path("x"), a, false); }, {path("x"), "need 9 bytes"});
+  expect_error([&] { write_idx(path("y"), IdxArray{}, true); }, {path("y"), "0 dimensions"});
+}
+
+// ---------------------------------------------------------------------------- Fashion-MNIST
+
+using DataFashionMnist = TempDir;
+
+IdxArray labels_of(std::vector<uint8_t> values) {
+  IdxArray a;
+  a.dims = {static_cast<int64_t>(values.size())};
+  a.data = std::move(values);
+  return a;
+}
+
+TEST_F(DataFashionMnist, LoadsSmallFilesAndScalesPixels) {
+  IdxArray images = patterned({3, 2, 2});
+  images.data[0] = 255;
+  images.data[1] = 0;
+  write_idx(path("train-images-idx3-ubyte.gz"), images, true);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({9, 0, 4}), true);
+  const Dataset d = load_fashion_mnist(dir_.string(), Split::Train);
+  EXPECT_EQ(d.count, 3);
+  EXPECT_EQ(d.rows, 2);
+  EXPECT_EQ(d.cols, 2);
+  EXPECT_EQ(d.labels, (std::vector<int32_t>{9, 0, 4}));
+  ASSERT_EQ(d.images.size(), 12u);
+  EXPECT_EQ(d.images[0], 1.0f);
+  EXPECT_EQ(d.images[1], 0.0f);
+  for (size_t i = 0; i < d.images.size(); ++i) {
+    EXPECT_FLOAT_EQ(d.images[i], images.data[i] / 255.0f);
+  }
+}
+
+TEST_F(DataFashionMnist, PrefersGzipAndFallsBackToPlain) {
+  write_idx(path("t10k-images-idx3-ubyte"), patterned({2, 1, 1}), false);
+  write_idx(path("t10k-labels-idx1-ubyte"), labels_of({1, 2}), false);
+  EXPECT_EQ(load_fashion_mnist(dir_.string(), Split::Test).labels,
+            (std::vector<int32_t>{1, 2}));
+  write_idx(path("t10k-labels-idx1-ubyte.gz"), labels_of({3, 4}), true);
+  EXPECT_EQ(load_fashion_mnist(dir_.string(), Split::Test).labels,
+            (std::vector<int32_t>{3, 4}));
+}
+
+TEST_F(DataFashionMnist, CountMismatchNamesBothFiles) {
+  write_idx(path("train-images-idx3-ubyte.gz"), patterned({3, 2, 2}), true);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({1, 2}), true);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {"count mismatch", path("train-images-idx3-ubyte.gz"),
+                path("train-labels-idx1-ubyte.gz"), "3 images", "2 labels"});
+}
+
+TEST_F(DataFashionMnist, LabelOutOfRange) {
+  write_idx(path("train-images-idx3-ubyte.gz"), patterned({3, 2, 2}), true);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({1, 10, 2}), true);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {path("train-labels-idx1-ubyte.gz"), "label 10", "index 1", "0..9"});
+}
+
+TEST_F(DataFashionMnist, ImagesMustBe3D) {
+  write_idx(path("train-images-idx3-ubyte.gz"), patterned({3, 4}), true);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({1, 2, 3}), true);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {path("train-images-idx3-ubyte.gz"), "3-D"});
+}
+
+TEST_F(DataFashionMnist, MissingDirectoryOrFileSaysHowToGetIt) {
+  const std::string missing = path("no-such-dir");
+  expect_error([&] { load_fashion_mnist(missing, Split::Train); },
+               {missing, "does not exist", "apt-get install dataset-fashion-mnist",
+                "QUIVER_DATA_DIR", "--data"});
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Test); },
+               {path("t10k-images-idx3-ubyte.gz"), path("t10k-images-idx3-ubyte"),
+                "apt-get install dataset-fashion-mnist"});
+}
+
+TEST(DataFashionMnistDir, DefaultDirHonoursEnvironment) {
+  const char* saved = std::getenv("QUIVER_DATA_DIR");
+  const std::string saved_value = saved ? saved : "";
+  ::setenv("QUIVER_DATA_DIR", "/some/where", 1);
+  EXPECT_EQ(default_fashion_mnist_dir(), "/some/where");
+  ::setenv("QUIVER_DATA_DIR", "", 1);
+  EXPECT_EQ(default_fashion_mnist_dir(), "/usr/share/datasets/fashion-mnist");
+  ::unsetenv("QUIVER_DATA_DIR");
+  EXPECT_EQ(default_fashion_mnist_dir(), "/usr/share/datasets/fashion-mnist");
+  if (saved) ::setenv("QUIVER_DATA_DIR", saved_value.c_str(), 1);
+}
+
+void check_real_split(Split split, int64_t expected_count) {
+  const std::string dir = default_fashion_mnist_dir();
+  if (!fs::is_directory(dir)) {
+    GTEST_SKIP() << "Fashion-MNIST not found at '" << dir
+                 << "' (apt-get install dataset-fashion-mnist, or set QUIVER_DATA_DIR)";
+  }
+  const Dataset d = load_fashion_mnist(dir, split);
+  EXPECT_EQ(d.count, expected_count);
+  EXPECT_EQ(d.rows, 28);
+  EXPECT_EQ(d.cols, 28);
+  ASSERT_EQ(d.images.size(), static_cast<size_t>(expected_count * 28 * 28));
+  ASSERT_EQ(d.labels.size(), static_cast<size_t>(expected_count));
+  const auto [lo, hi] = std::minmax_element(d.images.begin(), d.images.end());
+  EXPECT_GE(*lo, 0.0f);
+  EXPECT_LE(*hi, 1.0f);
+  EXPECT_GT(*hi, 0.5f) << "pixels look unscaled or blank";
+  std::map<int32_t, int64_t> per_class;
+  for (int32_t label : d.labels) ++per_class[label];
+  ASSERT_EQ(per_class.size(), 10u);
+  for (const auto& [label, n] : per_class) {
+    EXPECT_GE(label, 0);
+    EXPECT_LE(label, 9);
+    EXPECT_EQ(n, expected_count / 10) << "class " << label;
+  }
+}
+
+TEST(DataFashionMnistReal, TrainSplit) { check_real_split(Split::Train, 60000); }
+TEST(DataFashionMnistReal, TestSplit) { check_real_split(Split::Test, 10000); }
+
+// ---------------------------------------------------------------------------- Batcher
+
+// Sample i has every pixel equal to i and label i % 10, so a batch row names its sample.
+Dataset numbered(int64_t count, int64_t rows = 2, int64_t cols = 3) {
+  Dataset d;
+  d.count = count;
+  d.rows = rows;
+  d.cols = cols;
+  for (int64_t i = 0; i < count; ++i) {
+    d.images.insert(d.images.end(), static_cast<size_t>(rows * cols), static_cast<float>(i));
+    d.labels.push_back(static_cast<int32_t>(i % 10));
+  }
+  return d;
+}
+
+// The sample indices of one epoch, read from consecutive batches; checks batch bookkeeping.
+std::vector<int64_t> take_epoch(Batcher& batcher, int64_t epoch, int64_t features) {
+  std::vector<int64_t> seen;
+  for (int64_t b = 0; b < batcher.batches_per_epoch(); ++b) {
+    const Batch batch = batcher.next();
+    EXPECT_EQ(batch.epoch, epoch);
+    EXPECT_EQ(batch.index_in_epoch, b);
+    EXPECT_EQ(batch.images.size(), static_cast<size_t>(batch.size * features));
+    EXPECT_EQ(batch.labels.size(), static_cast<size_t>(batch.size));
+    for (int64_t row = 0; row < batch.size; ++row) {
+      const auto sample = static_cast<int64_t>(batch.images[static_cast<size_t>(row * features)]);
+      EXPECT_EQ(batch.images[static_cast<size_t>(row * features + features - 1)], sample);
+      EXPECT_EQ(batch.labels[static_cast<size_t>(row)], sample % 10);
+      seen.push_back(sample);
+    }
+  }
+  return seen;
+}
+
+TEST(DataBatcher, EverySampleOncePerEpochAndSmallerLastBatchWithoutDropLast) {
+  const Dataset d = numbered(103);
+  BatcherOptions options;
+  options.batch_size = 10;
+  options.drop_last = false;
+  Batcher batcher(d, options);
+  ASSERT_EQ(batcher.batches_per_epoch(), 11);
+  for (int64_t b = 0; b < 11; ++b) EXPECT_EQ(batcher.next().size, b < 10 ? 10 : 3);
+  for (int64_t epoch = 1; epoch < 4; ++epoch) {
+    std::vector<int64_t> seen = take_epoch(batcher, epoch, 6);
+    ASSERT_EQ(seen.size(), 103u);
+    std::sort(seen.begin(), seen.end());
+    for (int64_t i = 0; i < 103; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], i);
+  }
+}
+
+TEST(DataBatcher, DropLastCount) {
+  const Dataset d = numbered(103);
+  BatcherOptions options;
+  options.batch_size = 10;
+  Batcher batcher(d, options);
+  ASSERT_EQ(batcher.batches_per_epoch(), 10);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    EXPECT_EQ(take_epoch(batcher, epoch, 6).size(), 100u);  // every batch full, 3 left out
+  }
+}
+
+TEST(DataBatcher, OrderDependsOnlyOnSeedAndEpoch) {
+  const Dataset d = numbered(200);
+  BatcherOptions options;
+  options.batch_size = 20;
+  options.seed = 7;
+  Batcher a(d, options);
+  Batcher same(d, options);
+  const std::vector<int64_t> epoch0 = take_epoch(a, 0, 6);
+  const std::vector<int64_t> epoch1 = take_epoch(a, 1, 6);
+  EXPECT_EQ(take_epoch(same, 0, 6), epoch0);
+  EXPECT_EQ(take_epoch(same, 1, 6), epoch1);
+  EXPECT_NE(epoch0, epoch1);
+  EXPECT_EQ(epoch0, epoch_order(200, 7, 0, true));
+  EXPECT_EQ(epoch1, epoch_order(200, 7, 1, true));
+  options.seed = 8;
+  Batcher other_seed(d, options);
+  EXPECT_NE(take_epoch(other_seed, 0, 6), epoch0);
+}
+
+TEST(DataBatcher, NoShuffleIsIdentityOrder) {
+  const Dataset d = numbered(30);
+  BatcherOptions options;
+  options.batch_size = 7;
+  options.shuffle = false;
+  options.drop_last = false;
+  Batcher batcher(d, options);
+  std::vector<int64_t> expected(30);
+  for (int64_t i = 0; i < 30; ++i) expected[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(take_epoch(batcher, 0, 6), expected);
+  EXPECT_EQ(take_epoch(batcher, 1, 6), expected);
+}
+
+// The order must not depend on the standard library or platform: these values are what
+// mt19937_64 + our own uniform draw give, and a change here silently changes every run.
+TEST(DataBatcher, ShuffleOrderIsPinned) {
+  EXPECT_EQ(epoch_order(10, 1, 0, true), (std::vector<int64_t>{5, 0, 8, 7, 3, 1, 9, 6, 4, 2}));
+  EXPECT_EQ(epoch_order(10, 1, 1, true), (std::vector<int64_t>{4, 3, 6, 5, 8, 7, 2, 0, 1, 9}));
+}
+
+TEST(DataBatcher, RejectsBadOptions) {
+  const Dataset d = numbered(10);
+  BatcherOptions options;
+  options.batch_size = 0;
+  expect_error([&] { Batcher b(d, options); }, {"batch_size 0"});
+  options.batch_size = 11;
+  expect_error([&] { Batcher b(d, options); }, {"batch_size 11", "10 samples"});
+  options.drop_last = false;
+  EXPECT_NO_THROW({ Batcher b(d, options); EXPECT_EQ(b.batches_per_epoch(), 1); });
+  options.batch_size = 4;
+  options.prefetch_depth = 0;
+  expect_error([&] { Batcher b(d, options); }, {"prefetch_depth"});
+  Dataset broken = numbered(10);
+  broken.labels.pop_back();
+  expect_error([&] { Batcher b(broken, BatcherOptions{}); }, {"inconsistent"});
+}
+
+TEST(DataBatcher, DestroyMidEpochDoesNotHang) {
+  const Dataset d = numbered(1000);
+  BatcherOptions options;
+  options.batch_size = 10;
+  options.prefetch_depth = 2;
+  for (int taken = 0; taken < 5; ++taken) {
+    Batcher batcher(d, options);
+    for (int i = 0; i < taken; ++i) batcher.next();
+    // Let the producer fill the queue and block on it before we destroy.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int i = 0; i < 50; ++i) {
+    Batcher batcher(d, options);  // destroyed at once, possibly before the thread ran
+  }
+}
+
+}  // namespace
+}  // namespace quiver
