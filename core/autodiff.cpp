@@ -61,7 +61,9 @@ void build_backward(GraphBuilder& builder, Value loss) {
     const OpDef& def = OpRegistry::global().get(node.op);
     if (!def.backward)
       throw Error(cat(node.op, " '", node.name, "': op has no gradient but a parameter depends on it"));
-    GradContext context(builder, node, output_grads);
+    std::vector<bool> needs_grad;
+    for (ValueId input : node.inputs) needs_grad.push_back(requires_grad[input]);
+    GradContext context(builder, node, output_grads, needs_grad);
     def.backward(context);
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       Value grad = context.input_grads()[i];

@@ -11,9 +11,10 @@ void InferContext::fail(const std::string& what) const {
   throw Error(cat(node.op, " '", node.name, "': ", what, " (input shapes ", shapes, ")"));
 }
 
-GradContext::GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads)
+GradContext::GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads,
+                         std::vector<bool> needs_grad)
     : builder_(builder), node_(node), output_grads_(std::move(output_grads)),
-      input_grads_(node.inputs.size()) {}
+      input_grads_(node.inputs.size()), needs_grad_(std::move(needs_grad)) {}
 
 const Shape& GradContext::input_shape(int i) const {
   return builder_.graph().value(node_.inputs.at(i)).shape;

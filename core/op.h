@@ -81,13 +81,16 @@ struct InferContext {
 // where an output does not reach the loss), and where to put the gradients of its inputs.
 class GradContext {
  public:
-  GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads);
+  GradContext(GraphBuilder& builder, const Node& node, std::vector<Value> output_grads,
+              std::vector<bool> needs_grad);
   GraphBuilder& builder() { return builder_; }
   const Node& node() const { return node_; }
   Value input(int i) const { return Value{node_.inputs.at(i)}; }
   Value output(int i) const { return Value{node_.outputs.at(i)}; }
   Value output_grad(int i) const { return output_grads_.at(i); }
   const Shape& input_shape(int i) const;
+  // False for inputs no parameter's gradient flows through (the images): skip their work.
+  bool needs_grad(int i) const { return needs_grad_.at(i); }
   void set_input_grad(int i, Value grad);
   const std::vector<Value>& input_grads() const { return input_grads_; }
   std::string name(const std::string& suffix) const;  // "<node>/grad/<suffix>"
@@ -97,6 +100,7 @@ class GradContext {
   Node node_;  // a copy: emitting nodes may grow the graph's node vector
   std::vector<Value> output_grads_;
   std::vector<Value> input_grads_;
+  std::vector<bool> needs_grad_;
 };
 
 struct OpDef {

@@ -200,11 +200,13 @@ const bool registered = [] {
     Attrs input_attrs = attrs, weight_attrs = attrs;
     input_attrs.set("shape", ctx.input_shape(0).dims());
     weight_attrs.set("shape", ctx.input_shape(1).dims());
-    ctx.set_input_grad(0, b.apply1("conv2d_grad_input", {ctx.output_grad(0), ctx.input(1)},
-                                   input_attrs, ctx.name("input")));
+    if (ctx.needs_grad(0))
+      ctx.set_input_grad(0, b.apply1("conv2d_grad_input", {ctx.output_grad(0), ctx.input(1)},
+                                     input_attrs, ctx.name("input")));
     ctx.set_input_grad(1, b.apply1("conv2d_grad_weight", {ctx.output_grad(0), ctx.input(0)},
                                    weight_attrs, ctx.name("weight")));
   };
+  def.kernels.push_back(onednn_conv2d_kernel());
   def.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_forward});
   def.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference});
   register_op(std::move(def));
@@ -212,12 +214,14 @@ const bool registered = [] {
   OpDef grad_input;
   grad_input.kind = "conv2d_grad_input";
   grad_input.infer = infer_grad;
+  grad_input.kernels.push_back(onednn_conv2d_grad_input_kernel());
   grad_input.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_input});
   register_op(std::move(grad_input));
 
   OpDef grad_weight;
   grad_weight.kind = "conv2d_grad_weight";
   grad_weight.infer = infer_grad;
+  grad_weight.kernels.push_back(onednn_conv2d_grad_weight_kernel());
   grad_weight.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_weight});
   return register_op(std::move(grad_weight));
 }();

@@ -1,11 +1,13 @@
 // conv2d: x (B, C, H, W) * w (O, C, KH, KW) -> (B, O, OH, OW), attrs stride and padding (square).
-// Kernels: im2col + GEMM per image, images spread over the granted threads (each GEMM
-// single-threaded), and a direct-loop reference. The gradient ops conv2d_grad_input and
+// Kernels, in registry order: oneDNN's JIT convolutions on batch slices (conv2d_onednn.cpp),
+// im2col + GEMM per image (each GEMM single-threaded, images spread over the granted threads),
+// and a direct-loop reference. The gradient ops conv2d_grad_input and
 // conv2d_grad_weight are independent nodes, so the executor may run them side by side.
 #pragma once
 
 #include <cstdint>
 
+#include "core/op.h"
 #include "core/shape.h"
 
 namespace quiver {
@@ -24,5 +26,10 @@ ConvGeometry conv_geometry(const Shape& x, const Shape& w, int64_t stride, int64
 void im2col(float* col, const float* image, const ConvGeometry& g);
 // image (C, H, W) <- the sum of the patches in col; overwrites image.
 void col2im(float* image, const float* col, const ConvGeometry& g);
+
+// The oneDNN kernels (conv2d_onednn.cpp), registered ahead of im2col + GEMM.
+KernelImpl onednn_conv2d_kernel();
+KernelImpl onednn_conv2d_grad_input_kernel();
+KernelImpl onednn_conv2d_grad_weight_kernel();
 
 }  // namespace quiver

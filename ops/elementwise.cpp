@@ -23,6 +23,8 @@ std::vector<TensorType> same_shape_binary(const InferContext& ctx) {
   return {{ctx.shape(0), DType::F32}};
 }
 
+// Fn is a lambda (a distinct type, so the per-element call inlines and the loop vectorizes),
+// never a function pointer.
 template <typename Fn>
 KernelFn unary_kernel(Fn fn) {
   return [fn](const KernelCall& call) {
@@ -76,14 +78,14 @@ const bool registered = [] {
                          ctx.set_input_grad(0, b.mul(ctx.output_grad(0), ctx.input(1), ctx.name("lhs")));
                          ctx.set_input_grad(1, b.mul(ctx.output_grad(0), ctx.input(0), ctx.name("rhs")));
                        });
-  register_elementwise("relu", false, unary_kernel(math::relu), activation_backward("relu_grad"));
-  register_elementwise("sigmoid", false, unary_kernel(math::sigmoid),
+  register_elementwise("relu", false, unary_kernel([](float x) { return math::relu(x); }), activation_backward("relu_grad"));
+  register_elementwise("sigmoid", false, unary_kernel([](float x) { return math::sigmoid(x); }),
                        activation_backward("sigmoid_grad"));
   register_elementwise("tanh", false, unary_kernel([](float x) { return std::tanh(x); }),
                        activation_backward("tanh_grad"));
-  register_elementwise("relu_grad", true, binary_kernel(math::relu_grad), nullptr);
-  register_elementwise("sigmoid_grad", true, binary_kernel(math::sigmoid_grad), nullptr);
-  register_elementwise("tanh_grad", true, binary_kernel(math::tanh_grad), nullptr);
+  register_elementwise("relu_grad", true, binary_kernel([](float dy, float y) { return math::relu_grad(dy, y); }), nullptr);
+  register_elementwise("sigmoid_grad", true, binary_kernel([](float dy, float y) { return math::sigmoid_grad(dy, y); }), nullptr);
+  register_elementwise("tanh_grad", true, binary_kernel([](float dy, float y) { return math::tanh_grad(dy, y); }), nullptr);
   return true;
 }();
 

@@ -52,31 +52,33 @@ KernelFn prepare_forward(const KernelSpec& spec) {
     const float* bias = call.inputs[3].f32();  // (4H)
     const int64_t H = g.hidden, G = g.gates();
     gemm(projected->data(), x, wx, GemmShape{g.batch * g.steps, G, g.input}, call.ctx);
+    const std::vector<float> zeros(H, 0.0f);
     for (int64_t t = 0; t < g.steps; ++t) {
       if (t > 0) {
         GemmShape s{g.batch, G, H};
         s.lda = g.steps * H;
         gemm(gates->data(), h + (t - 1) * H, wh, s, call.ctx);
+      } else {
+        std::fill(gates->begin(), gates->end(), 0.0f);
       }
       call.ctx.parallel_for(g.batch, 4, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
-          const float* recurrent = gates->data() + b * G;
+          float* pre = gates->data() + b * G;  // (4H): recurrent part, then all of it
           const float* input = projected->data() + (b * g.steps + t) * G;
+          for (int64_t k = 0; k < G; ++k) pre[k] += input[k] + bias[k];
           float* out = cache + (t * g.batch + b) * 5 * H;
-          const float* previous = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H : nullptr;
+          const float* c_prev = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H + 4 * H : zeros.data();
+          float* h_out = h + (b * g.steps + t) * H;
+          // Plain loops over contiguous gates: this file is built so that they vectorize.
+#pragma GCC ivdep
           for (int64_t j = 0; j < H; ++j) {
-            auto pre = [&](int gate) {
-              int64_t k = gate * H + j;
-              return input[k] + bias[k] + (t > 0 ? recurrent[k] : 0.0f);
-            };
-            math::LstmCell cell = math::lstm_cell_forward(pre(0), pre(1), pre(2), pre(3),
-                                                          previous ? previous[4 * H + j] : 0.0f);
+            math::LstmCell cell = math::lstm_cell_forward(pre[j], pre[H + j], pre[2 * H + j], pre[3 * H + j], c_prev[j]);
             out[j] = cell.i;
             out[H + j] = cell.f;
             out[2 * H + j] = cell.g;
             out[3 * H + j] = cell.o;
             out[4 * H + j] = cell.c;
-            h[(b * g.steps + t) * H + j] = cell.h;
+            h_out[j] = cell.h;
           }
         }
       });
@@ -107,22 +109,26 @@ KernelFn prepare_backward(const KernelSpec& spec) {
     float* dG = dgates->data();
     std::fill(dh_next->begin(), dh_next->end(), 0.0f);
     std::fill(dc_next->begin(), dc_next->end(), 0.0f);
+    const std::vector<float> zeros(H, 0.0f);
     for (int64_t t = T - 1; t >= 0; --t) {
       call.ctx.parallel_for(g.batch, 4, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           const float* cell = cache + (t * g.batch + b) * 5 * H;
-          const float* previous = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H : nullptr;
+          const float* c_prev = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H + 4 * H : zeros.data();
           float* row = dG + (b * T + t) * G;
+          const float* dh_step = dh + (b * T + t) * H;
+          float* dh_carry = dh_next->data() + b * H;
+          float* dc_carry = dc_next->data() + b * H;
+#pragma GCC ivdep
           for (int64_t j = 0; j < H; ++j) {
-            float dh_total = dh[(b * T + t) * H + j] + (*dh_next)[b * H + j];
             math::LstmCellGrad grad = math::lstm_cell_backward(
-                cell[j], cell[H + j], cell[2 * H + j], cell[3 * H + j], cell[4 * H + j],
-                previous ? previous[4 * H + j] : 0.0f, dh_total, (*dc_next)[b * H + j]);
+                cell[j], cell[H + j], cell[2 * H + j], cell[3 * H + j], cell[4 * H + j], c_prev[j],
+                dh_step[j] + dh_carry[j], dc_carry[j]);
             row[j] = grad.d_pre_i;
             row[H + j] = grad.d_pre_f;
             row[2 * H + j] = grad.d_pre_g;
             row[3 * H + j] = grad.d_pre_o;
-            (*dc_next)[b * H + j] = grad.dc_prev;
+            dc_carry[j] = grad.dc_prev;
           }
         }
       });

@@ -39,19 +39,17 @@ void backward(GradContext& ctx) {
   bool tb = ctx.node().attrs.get_int("trans_b", 0) != 0;
   Value dc = ctx.output_grad(0);
   Value a = ctx.input(0), w = ctx.input(1);
-  if (!ta && !tb) {
-    ctx.set_input_grad(0, b.matmul(dc, w, false, true, ctx.name("lhs")));
-    ctx.set_input_grad(1, b.matmul(a, dc, true, false, ctx.name("rhs")));
-  } else if (ta && !tb) {
-    ctx.set_input_grad(0, b.matmul(w, dc, false, true, ctx.name("lhs")));
-    ctx.set_input_grad(1, b.matmul(a, dc, false, false, ctx.name("rhs")));
-  } else if (!ta && tb) {
-    ctx.set_input_grad(0, b.matmul(dc, w, false, false, ctx.name("lhs")));
-    ctx.set_input_grad(1, b.matmul(dc, a, true, false, ctx.name("rhs")));
-  } else {
-    ctx.set_input_grad(0, b.matmul(w, dc, true, true, ctx.name("lhs")));
-    ctx.set_input_grad(1, b.matmul(dc, a, true, true, ctx.name("rhs")));
-  }
+  // d lhs and d rhs as (first, second, transpose first, transpose second) of another matmul.
+  struct Product {
+    Value first, second;
+    bool trans_first, trans_second;
+  };
+  Product lhs = !ta ? Product{dc, w, false, !tb} : Product{w, dc, tb, true};
+  Product rhs = !tb ? Product{a, dc, !ta, false} : Product{dc, a, true, ta};
+  if (ctx.needs_grad(0))
+    ctx.set_input_grad(0, b.matmul(lhs.first, lhs.second, lhs.trans_first, lhs.trans_second, ctx.name("lhs")));
+  if (ctx.needs_grad(1))
+    ctx.set_input_grad(1, b.matmul(rhs.first, rhs.second, rhs.trans_first, rhs.trans_second, ctx.name("rhs")));
 }
 
 KernelFn prepare_sgemm(const KernelSpec& spec) {

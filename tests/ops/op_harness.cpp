@@ -112,6 +112,7 @@ void check_forward(const OpCase& op_case) {
       {"default kernels, 1 thread", PlanOptions{1, ""}},
       {"default kernels, 2 threads", PlanOptions{2, ""}},
       {"reference kernels", PlanOptions{1, "reference"}},
+      {"im2col_gemm kernels, 2 threads", PlanOptions{2, "im2col_gemm"}},
   };
   for (const auto& [label, options] : variants) {
     Plan plan(graph.builder.graph(), *graph.store, {graph.output}, options);
@@ -122,11 +123,17 @@ void check_forward(const OpCase& op_case) {
 }
 
 void check_gradient(const OpCase& op_case) {
+  // The default kernels, then the second-choice ones where an op has them (conv2d's im2col_gemm).
+  check_gradient_with(op_case, "");
+  check_gradient_with(op_case, "im2col_gemm");
+}
+
+void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel) {
   CaseGraph graph(op_case, true);
   const Graph& g = graph.builder.graph();
   std::vector<Value> fetches{graph.output};
   for (const ParamInfo& param : g.params()) fetches.push_back(Value{param.grad});
-  Plan plan(g, *graph.store, fetches, PlanOptions{1, ""});
+  Plan plan(g, *graph.store, fetches, PlanOptions{1, prefer_kernel});
   graph.load(plan);
   plan.run();
 
@@ -153,7 +160,7 @@ void check_gradient(const OpCase& op_case) {
       param.f32()[k] = original;
       double numeric = (plus - minus) / (2.0 * op_case.epsilon);
           ASSERT_NEAR(analytic[k], numeric, op_case.gradient_tolerance * std::max(1.0, std::abs(numeric)))
-          << op_case.name << ": d loss / d " << g.params()[index].name << "[" << k << "]";
+          << op_case.name << " [" << (prefer_kernel.empty() ? "default" : prefer_kernel) << " kernels]: d loss / d " << g.params()[index].name << "[" << k << "]";
     }
   }
 }

@@ -49,5 +49,6 @@ inline void PrintTo(const OpCase& op_case, std::ostream* out) { *out << op_case.
 
 void check_forward(const OpCase& op_case);
 void check_gradient(const OpCase& op_case);
+void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel);
 
 }  // namespace quiver::testing
