@@ -1,6 +1,8 @@
 #include "runtime/plan.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <limits>
 #include <map>
 
@@ -47,6 +49,7 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
     context_ = std::make_unique<SerialContext>();
   else
     context_ = std::make_unique<ThreadBudget>(options.threads);
+  profile_ = options.profile;
   store.check_compatible(graph);
   for (NodeId id : needed_nodes(graph, fetches)) steps_.push_back(PlanStep{id, "", nullptr, {}, {}});
   bind_values(store);
@@ -174,10 +177,12 @@ const Tensor& Plan::tensor(Value value) const {
 }
 
 void Plan::run() {
-  for (const PlanStep& step : steps_) {
+  for (PlanStep& step : steps_) {
     const Node& node = graph_.node(step.node);
     try {
+      auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       step.kernel(KernelCall{*context_, node, step.inputs, step.outputs});
+      if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const Error& error) {
       std::string message = error.what();
       if (message.find("'" + node.name + "'") != std::string::npos) throw;
@@ -186,6 +191,30 @@ void Plan::run() {
       throw Error(cat(node.op, " '", node.name, "': ", error.what()));
     }
   }
+}
+
+}  // namespace quiver
+
+namespace quiver {
+
+std::string Plan::profile_report(int top) const {
+  std::vector<const PlanStep*> order;
+  double total = 0.0;
+  for (const PlanStep& step : steps_) {
+    order.push_back(&step);
+    total += step.seconds;
+  }
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->seconds > b->seconds; });
+  std::string report;
+  for (int i = 0; i < top && i < static_cast<int>(order.size()); ++i) {
+    const Node& node = graph_.node(order[i]->node);
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-26s %-40s %-13s %8.3f s  %5.1f%%\n", node.op.c_str(),
+                  node.name.c_str(), order[i]->kernel_name.c_str(), order[i]->seconds,
+                  total > 0 ? 100.0 * order[i]->seconds / total : 0.0);
+    report += line;
+  }
+  return report;
 }
 
 }  // namespace quiver

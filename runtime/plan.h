@@ -19,6 +19,8 @@ struct PlanOptions {
   int threads = 1;
   // Use the kernel of this name wherever an op has one ("reference" in tests); else registry order.
   std::string prefer_kernel;
+  // Accumulate each step's wall time (PlanStep::seconds); for profiles, off by default.
+  bool profile = false;
 };
 
 struct PlanStep {
@@ -27,6 +29,7 @@ struct PlanStep {
   KernelFn kernel;
   std::vector<Tensor> inputs;
   std::vector<Tensor> outputs;
+  double seconds = 0.0;  // accumulated over runs when PlanOptions::profile is set
 };
 
 class Plan {
@@ -46,6 +49,8 @@ class Plan {
 
   const Graph& graph() const { return graph_; }
   const std::vector<PlanStep>& steps() const { return steps_; }
+  // "op 'node' [kernel]: seconds (share)" for the `top` costliest steps of a profiled plan.
+  std::string profile_report(int top) const;
   int64_t activation_bytes() const { return activation_bytes_; }
   int threads() const;
 
@@ -59,6 +64,7 @@ class Plan {
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;
   std::unique_ptr<ExecContext> context_;
+  bool profile_ = false;
 };
 
 }  // namespace quiver

@@ -53,6 +53,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   store_->initialize(options_.seed);
   PlanOptions plan_options;
   plan_options.threads = options_.threads;
+  plan_options.profile = options_.profile;
   train_plan_ = std::make_unique<Plan>(train_graph_, *store_, std::vector<Value>{loss_, probs_}, plan_options);
   eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
 }

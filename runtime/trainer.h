@@ -28,6 +28,7 @@ struct TrainOptions {
   double weight_decay = 0.0;
   uint64_t seed = 1;
   int64_t eval_batch = 1000;
+  bool profile = false;  // time every step of the training plan (Plan::profile_report)
 };
 
 struct Progress {

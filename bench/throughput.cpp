@@ -1,0 +1,194 @@
+// quiver-bench-throughput: training throughput (samples/s) of the bundled models over a grid of
+// batch sizes and thread counts, warm-up excluded, median of several runs. When the libtorch peer
+// (quiver-torch-peer) was built, each grid point also runs the same model and recipe in libtorch,
+// right after Quiver, in the same invocation, and the ratio Quiver/libtorch is printed.
+// Data: a pool of 64 fixed random batches cycled through, so no I/O is timed (as in the peer).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "models/models.h"
+#include "runtime/thread_budget.h"
+#include "runtime/trainer.h"
+
+namespace {
+
+using namespace quiver;
+
+struct BenchOptions {
+  std::vector<std::string> models = {"mlp", "cnn", "lstm"};
+  std::vector<int64_t> batches = {16, 64, 256};
+  std::vector<int> threads = {1, 2};
+  int warmup = 20, steps = 100, runs = 5;
+  std::string output;  // markdown table, written atomically
+  std::string peer = QUIVER_TORCH_PEER_PATH;
+  bool profile = false;  // print where each grid point's step time goes, by op
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  return parts;
+}
+
+int to_int(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    int value = std::stoi(text, &used);
+    if (used == text.size() && value > 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(cat(flag, ": expected a positive integer, got '", text, "'"));
+}
+
+BenchOptions parse(int argc, char** argv) {
+  BenchOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag == "--no-peer") {
+      o.peer.clear();
+      continue;
+    }
+    if (flag == "--profile") {
+      o.profile = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
+    std::string value = argv[++i];
+    if (flag == "--models") {
+      o.models = split(value);
+      for (const std::string& m : o.models) models::by_name(m);
+    } else if (flag == "--batches") {
+      o.batches.clear();
+      for (const std::string& b : split(value)) o.batches.push_back(to_int(flag, b));
+    } else if (flag == "--threads") {
+      o.threads.clear();
+      for (const std::string& t : split(value)) o.threads.push_back(to_int(flag, t));
+    } else if (flag == "--warmup") {
+      o.warmup = to_int(flag, value);
+    } else if (flag == "--steps") {
+      o.steps = to_int(flag, value);
+    } else if (flag == "--runs") {
+      o.runs = to_int(flag, value);
+    } else if (flag == "--output") {
+      o.output = value;
+    } else {
+      throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --output --no-peer --profile)"));
+    }
+  }
+  return o;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double quiver_samples_per_second(const std::string& model, int64_t batch, int threads, const BenchOptions& o) {
+  ModelSpec spec = models::by_name(model);
+  const int64_t features = spec.sample_shape.numel();
+  const int pool = 64;
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::vector<float> images(pool * batch * features);
+  std::vector<int32_t> labels(pool * batch);
+  for (float& v : images) v = pixel(rng);
+  for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  std::vector<double> rates;
+  for (int run = 0; run < o.runs; ++run) {
+    TrainOptions options;
+    options.batch = batch;
+    options.threads = threads;
+    options.eval_batch = 1;
+    options.profile = o.profile && run == 0;
+    Trainer trainer(spec, options);
+    auto step = [&](int i) {
+      int slot = i % pool;
+      trainer.train_step(images.data() + slot * batch * features, labels.data() + slot * batch);
+    };
+    for (int i = 0; i < o.warmup; ++i) step(i);
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.steps; ++i) step(o.warmup + i);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rates.push_back(o.steps * batch / seconds);
+    if (options.profile)
+      std::printf("profile %s batch %lld threads %d (warm-up and timed steps):\n%s", model.c_str(),
+                  static_cast<long long>(batch), threads, trainer.train_plan().profile_report(8).c_str());
+  }
+  return median(rates);
+}
+
+// Runs the libtorch peer for one grid point; -1 when it is not available or fails.
+double peer_samples_per_second(const std::string& model, int64_t batch, int threads, const BenchOptions& o) {
+  if (o.peer.empty() || !std::filesystem::exists(o.peer)) return -1.0;
+  std::string command = cat(o.peer, " --model ", model, " --batch ", batch, " --threads ", threads,
+                            " --warmup ", o.warmup, " --steps ", o.steps, " --runs ", o.runs, " 2>/dev/null");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return -1.0;
+  double rate = -1.0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), pipe)) {
+    std::string text = line;
+    auto at = text.find("median_samples_per_s=");
+    if (text.rfind("result", 0) == 0 && at != std::string::npos) rate = std::stod(text.substr(at + 21));
+  }
+  return pclose(pipe) == 0 ? rate : -1.0;
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    if (!out) throw Error(cat("cannot write '", temporary, "'"));
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchOptions o;
+  try {
+    o = parse(argc, argv);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-throughput: %s\n", error.what());
+    return 2;
+  }
+  bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
+  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %d cores%s\n",
+              o.runs, o.steps, o.warmup, available_cores(), peer ? ", libtorch peer in the same run" : ", no libtorch peer");
+  std::string table = "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
+  std::printf("%s", table.c_str());
+  std::fflush(stdout);
+  try {
+    for (const std::string& model : o.models)
+      for (int64_t batch : o.batches)
+        for (int threads : o.threads) {
+          double ours = quiver_samples_per_second(model, batch, threads, o);
+          double theirs = peer ? peer_samples_per_second(model, batch, threads, o) : -1.0;
+          std::string row = theirs > 0 ? cat("| ", model, " | ", batch, " | ", threads, " | ", static_cast<int64_t>(ours),
+                                             " | ", static_cast<int64_t>(theirs), " | ",
+                                             static_cast<double>(static_cast<int64_t>(ours / theirs * 100)) / 100, " |\n")
+                                       : cat("| ", model, " | ", batch, " | ", threads, " | ",
+                                             static_cast<int64_t>(ours), " | - | - |\n");
+          table += row;
+          std::printf("%s", row.c_str());
+          std::fflush(stdout);
+        }
+    if (!o.output.empty()) write_atomically(o.output, table);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-throughput: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
