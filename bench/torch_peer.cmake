@@ -19,7 +19,7 @@ if(Torch_FOUND)
   add_executable(quiver-torch-peer "${PROJECT_SOURCE_DIR}/bench/torch_peer.cpp")
   # `torch` carries the include dirs and -D_GLIBCXX_USE_CXX11_ABI=1. The project's warning
   # target is deliberately not linked: libtorch's headers are not warning-clean.
-  target_link_libraries(quiver-torch-peer PRIVATE torch)
+  target_link_libraries(quiver-torch-peer PRIVATE torch ZLIB::ZLIB)
   target_compile_features(quiver-torch-peer PRIVATE cxx_std_20)
 else()
   set(QUIVER_TORCH_PEER_FOUND OFF)

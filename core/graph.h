@@ -74,9 +74,10 @@ enum class InitKind { Zeros, Uniform };
 
 struct ParamInit {
   InitKind kind = InitKind::Zeros;
-  double bound = 0.0;  // Uniform: U(-bound, bound)
+  double bound = 0.0;  // Uniform: the sum of `terms` draws of U(-bound, bound)
+  int terms = 1;
   static ParamInit zeros() { return {}; }
-  static ParamInit uniform(double bound) { return {InitKind::Uniform, bound}; }
+  static ParamInit uniform(double bound, int terms = 1) { return {InitKind::Uniform, bound, terms}; }
   // PyTorch's defaults for Linear/Conv weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   static ParamInit fan_in_uniform(int64_t fan_in);
   // Glorot/Xavier uniform: U(-sqrt(6/(fan_in+fan_out)), +...).

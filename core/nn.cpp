@@ -56,7 +56,9 @@ Value LSTM::forward(GraphBuilder& builder, Value x) {
   ParamInit init = ParamInit::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
   Value wx = builder.parameter("wx", Shape{input, 4 * hidden}, init);
   Value wh = builder.parameter("wh", Shape{hidden, 4 * hidden}, init);
-  Value bias = builder.parameter("bias", Shape{4 * hidden}, init);
+  // PyTorch's LSTM adds two biases (input and hidden), each U(-k, k); one bias drawn as their
+  // sum starts from the same distribution.
+  Value bias = builder.parameter("bias", Shape{4 * hidden}, ParamInit::uniform(init.bound, 2));
   return builder.lstm(x, wx, wh, bias, "cell");
 }
 

@@ -90,7 +90,8 @@ struct LSTMOptions {
 };
 
 // x (B, T, I) -> every step's hidden state (B, T, H); parameters wx (I, 4H), wh (H, 4H), b (4H),
-// gates in the order i, f, g, o, all U(-1/sqrt(H), 1/sqrt(H)) like PyTorch.
+// gates in the order i, f, g, o, initialised like PyTorch: weights U(-1/sqrt(H), 1/sqrt(H)), the
+// bias as the sum of two such draws (PyTorch's b_ih + b_hh).
 class LSTM : public Module {
  public:
   LSTM(std::string name, LSTMOptions options) : Module(std::move(name)), options_(options) {}

@@ -89,6 +89,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
 KernelFn prepare_backward(const KernelSpec& spec) {
   // inputs: dh (B,T,H), x (B,T,I), wx (I,4H), wh (H,4H), h (B,T,H), cache (T,B,5H)
   LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
+  const bool input_grad = spec.node.attrs.get_int("input_grad", 1) != 0;
   const int64_t rows = g.batch * g.steps;
   auto dgates = std::make_shared<std::vector<float>>(rows * g.gates());        // (B*T, 4H)
   auto h_previous = std::make_shared<std::vector<float>>(rows * g.hidden);     // (B*T, H)
@@ -145,7 +146,10 @@ KernelFn prepare_backward(const KernelSpec& spec) {
     }
     gemm(dwx, x, dG, GemmShape{g.input, G, rows, true, false}, call.ctx);
     gemm(dwh, hp, dG, GemmShape{H, G, rows, true, false}, call.ctx);
-    gemm(dx, dG, wx, GemmShape{rows, g.input, G, false, true}, call.ctx);
+    if (input_grad)
+      gemm(dx, dG, wx, GemmShape{rows, g.input, G, false, true}, call.ctx);
+    else
+      std::fill_n(dx, rows * g.input, 0.0f);
     call.ctx.parallel_for(G, 64, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         float sum = 0.0f;
@@ -161,11 +165,14 @@ const bool registered = [] {
   def.kind = "lstm";
   def.infer = infer;
   def.backward = [](GradContext& ctx) {
+    Attrs attrs;
+    attrs.set("input_grad", int64_t{ctx.needs_grad(0)});  // the first layer's dx is never read
     std::vector<Value> grads = ctx.builder().apply(
         "lstm_grad",
         {ctx.output_grad(0), ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0), ctx.output(1)},
-        {}, ctx.name("all"));
-    for (int i = 0; i < 4; ++i) ctx.set_input_grad(i, grads[i]);
+        attrs, ctx.name("all"));
+    for (int i = 0; i < 4; ++i)
+      if (i > 0 || ctx.needs_grad(0)) ctx.set_input_grad(i, grads[i]);
   };
   def.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_forward});
   register_op(std::move(def));

@@ -36,10 +36,13 @@ void ParamStore::initialize(uint64_t seed) {
     const ParamSlot& slot = slots_[index];
     float* values = param(static_cast<int>(index)).f32();
     std::mt19937_64 rng(seed ^ fnv1a(slot.name));
-    for (int64_t i = 0; i < slot.shape.numel(); ++i)
-      values[i] = slot.init.kind == InitKind::Zeros
-                      ? 0.0f
-                      : static_cast<float>((2.0 * unit_uniform(rng) - 1.0) * slot.init.bound);
+    for (int64_t i = 0; i < slot.shape.numel(); ++i) {
+      double value = 0.0;
+      if (slot.init.kind == InitKind::Uniform)
+        for (int term = 0; term < slot.init.terms; ++term)
+          value += (2.0 * unit_uniform(rng) - 1.0) * slot.init.bound;
+      values[i] = static_cast<float>(value);
+    }
   }
   for (auto& [kind, state] : states_) state.fill(0.0f);
 }
