@@ -56,6 +56,10 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   plan_options.profile = options_.profile;
   train_plan_ = std::make_unique<Plan>(train_graph_, *store_, std::vector<Value>{loss_, probs_}, plan_options);
   eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
+  images_in_ = train_plan_->input("images");
+  labels_in_ = train_plan_->input("labels");
+  learning_rate_in_ = train_plan_->input("learning_rate");
+  if (train_plan_->has_input("step")) step_in_ = train_plan_->input("step");
 }
 
 Trainer::~Trainer() = default;
@@ -89,16 +93,13 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
 }
 
 double Trainer::train_step(const float* images, const int32_t* labels) {
-  Plan& plan = *train_plan_;
-  const Tensor& image_input = plan.input("images");
-  std::memcpy(image_input.f32(), images, static_cast<size_t>(image_input.bytes()));
-  const Tensor& label_input = plan.input("labels");
-  std::memcpy(label_input.i32(), labels, static_cast<size_t>(label_input.bytes()));
-  plan.input("learning_rate").f32()[0] = static_cast<float>(options_.learning_rate);
+  std::memcpy(images_in_.f32(), images, static_cast<size_t>(images_in_.bytes()));
+  std::memcpy(labels_in_.i32(), labels, static_cast<size_t>(labels_in_.bytes()));
+  learning_rate_in_.f32()[0] = static_cast<float>(options_.learning_rate);
   ++steps_done_;
-  if (plan.has_input("step")) plan.input("step").f32()[0] = static_cast<float>(steps_done_);
-  plan.run();
-  double loss = plan.tensor(loss_).f32()[0];
+  if (step_in_.defined()) step_in_.f32()[0] = static_cast<float>(steps_done_);
+  train_plan_->run();
+  double loss = train_plan_->tensor(loss_).f32()[0];
   if (!std::isfinite(loss))
     throw Error(cat("training stopped: loss is ", loss, " at step ", steps_done_,
                     " (try a lower learning rate)"));

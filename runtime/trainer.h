@@ -85,6 +85,8 @@ class Trainer {
   Value logits_, loss_, probs_, eval_logits_;
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Plan> train_plan_, eval_plan_;
+  // The training plan's inputs, looked up once rather than by name every step.
+  Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;
   std::function<void(const Progress&)> progress_;
 };
