@@ -57,6 +57,7 @@ std::string train_usage() {
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
          "                         /usr/share/datasets/fashion-mnist)\n"
+         "  --trace FILE           write a Chrome trace of every op execution (Perfetto)\n"
          "  --quiet                no live progress line\n"
          "  --help                 this text\n";
 }
@@ -103,6 +104,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.momentum = momentum;
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
+    } else if (flag == "--trace") {
+      if (value.empty()) throw Error("--trace: empty file name");
+      command.train.trace_path = value;
     } else if (flag == "--data") {
       if (value.empty()) throw Error("--data: empty directory name");
       command.data_dir = value;

@@ -177,12 +177,17 @@ const Tensor& Plan::tensor(Value value) const {
 }
 
 void Plan::run() {
+  ++runs_;
   for (PlanStep& step : steps_) {
     const Node& node = graph_.node(step.node);
     try {
       auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      int64_t trace_start = trace_ ? trace_->now_us() : 0;
       step.kernel(KernelCall{*context_, node, step.inputs, step.outputs});
       if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (trace_)
+        trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start,
+                                  trace_->now_us() - trace_start, trace_thread_index(), context_->threads(), runs_});
     } catch (const Error& error) {
       std::string message = error.what();
       if (message.find("'" + node.name + "'") != std::string::npos) throw;

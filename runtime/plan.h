@@ -12,6 +12,7 @@
 #include "core/graph.h"
 #include "core/op.h"
 #include "runtime/param_store.h"
+#include "runtime/trace.h"
 
 namespace quiver {
 
@@ -46,6 +47,8 @@ class Plan {
   // A value's tensor; meaningful after run() for fetched values, parameters and gradients.
   const Tensor& tensor(Value value) const;
   void run();
+  // Record every op execution of later runs into `trace` (nullptr stops); not owned.
+  void set_trace(Trace* trace) { trace_ = trace; }
 
   const Graph& graph() const { return graph_; }
   const std::vector<PlanStep>& steps() const { return steps_; }
@@ -65,6 +68,8 @@ class Plan {
   int64_t activation_bytes_ = 0;
   std::unique_ptr<ExecContext> context_;
   bool profile_ = false;
+  Trace* trace_ = nullptr;
+  int64_t runs_ = 0;
 };
 
 }  // namespace quiver

@@ -60,6 +60,10 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   labels_in_ = train_plan_->input("labels");
   learning_rate_in_ = train_plan_->input("learning_rate");
   if (train_plan_->has_input("step")) step_in_ = train_plan_->input("step");
+  if (!options_.trace_path.empty()) {
+    trace_ = std::make_unique<Trace>();
+    train_plan_->set_trace(trace_.get());
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -160,6 +164,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   report.seconds = 0.0;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
   report.samples_per_second = global * options_.batch / std::max(report.seconds, 1e-9);
+  if (trace_) trace_->write(options_.trace_path);
   return report;
 }
 

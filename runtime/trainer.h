@@ -29,6 +29,7 @@ struct TrainOptions {
   uint64_t seed = 1;
   int64_t eval_batch = 1000;
   bool profile = false;  // time every step of the training plan (Plan::profile_report)
+  std::string trace_path;  // non-empty: write a Chrome trace of the training steps there after fit
 };
 
 struct Progress {
@@ -85,6 +86,7 @@ class Trainer {
   Value logits_, loss_, probs_, eval_logits_;
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Plan> train_plan_, eval_plan_;
+  std::unique_ptr<Trace> trace_;
   // The training plan's inputs, looked up once rather than by name every step.
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;

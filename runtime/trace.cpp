@@ -1,0 +1,79 @@
+#include "runtime/trace.h"
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace quiver {
+
+namespace {
+
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char code[8];
+      std::snprintf(code, sizeof(code), "\\u%04x", c);
+      out += code;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int trace_thread_index() {
+  static std::atomic<int> next{0};
+  thread_local int index = next.fetch_add(1);
+  return index;
+}
+
+int64_t Trace::now_us() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_).count();
+}
+
+void Trace::record(TraceEvent event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back(std::move(event));
+}
+
+size_t Trace::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
+std::string Trace::json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const TraceEvent& e = events_[i];
+    text += cat(i ? ",\n" : "", "{\"name\":\"", escaped(e.name), "\",\"cat\":\"", escaped(e.op),
+                "\",\"ph\":\"X\",\"pid\":1,\"tid\":", e.thread, ",\"ts\":", e.start_us,
+                ",\"dur\":", e.duration_us, ",\"args\":{\"op\":\"", escaped(e.op), "\",\"kernel\":\"",
+                escaped(e.kernel), "\",\"granted_threads\":", e.granted_threads, ",\"step\":", e.step, "}}");
+  }
+  return text + "\n]}\n";
+}
+
+void Trace::write(const std::string& path) const {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!out) throw Error(cat("trace: cannot write '", path, "'"));
+    out << json();
+    if (!out.flush()) throw Error(cat("trace: writing '", path, "' failed"));
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) throw Error(cat("trace: cannot move '", temporary, "' to '", path, "': ", error.message()));
+}
+
+}  // namespace quiver

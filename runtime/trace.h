@@ -1,0 +1,44 @@
+// Trace: a Chrome trace (Trace Event Format, "X" complete events) of op executions, one event
+// per op run with its node, op, kernel, thread, granted threads and step; opens in Perfetto or
+// chrome://tracing. Recording is thread-safe, so concurrent executors can share one Trace.
+// Written atomically (temporary file, then rename): a crash never leaves half a trace.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace quiver {
+
+struct TraceEvent {
+  std::string name;    // the node
+  std::string op;
+  std::string kernel;
+  int64_t start_us = 0, duration_us = 0;  // from the Trace's creation
+  int thread = 0;      // small per-process thread index (trace_thread_index)
+  int granted_threads = 1;
+  int64_t step = 0;
+};
+
+class Trace {
+ public:
+  Trace() : origin_(std::chrono::steady_clock::now()) {}
+  int64_t now_us() const;
+  void record(TraceEvent event);
+  size_t size() const;
+  std::string json() const;
+  // Throws quiver::Error naming the path when it cannot be written.
+  void write(const std::string& path) const;
+
+ private:
+  std::chrono::steady_clock::time_point origin_;
+  mutable std::mutex mutex_;
+  std::vector<TraceEvent> events_;
+};
+
+// 0, 1, 2, ... in the order threads first ask: readable thread ids for traces and tests.
+int trace_thread_index();
+
+}  // namespace quiver
