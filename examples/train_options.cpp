@@ -57,6 +57,9 @@ std::string train_usage() {
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
          "                         /usr/share/datasets/fashion-mnist)\n"
+         "  --policy P             executor: serial | intra | fixed (default: run the plan in\n"
+         "                         order, every op with --threads threads)\n"
+         "  --inter I --intra J    with --policy fixed: I ops side by side, J threads each\n"
          "  --trace FILE           write a Chrome trace of every op execution (Perfetto)\n"
          "  --quiet                no live progress line\n"
          "  --help                 this text\n";
@@ -104,6 +107,14 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.momentum = momentum;
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
+    } else if (flag == "--policy") {
+      if (value != "serial" && value != "intra" && value != "fixed")
+        throw Error(cat("--policy: expected serial, intra or fixed, got '", value, "'"));
+      command.train.policy = value;
+    } else if (flag == "--inter") {
+      command.train.inter = static_cast<int>(parse_int(flag, value, 1, 4096));
+    } else if (flag == "--intra") {
+      command.train.intra = static_cast<int>(parse_int(flag, value, 1, 4096));
     } else if (flag == "--trace") {
       if (value.empty()) throw Error("--trace: empty file name");
       command.train.trace_path = value;

@@ -51,7 +51,11 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
     context_ = std::make_unique<ThreadBudget>(options.threads);
   profile_ = options.profile;
   store.check_compatible(graph);
-  for (NodeId id : needed_nodes(graph, fetches)) steps_.push_back(PlanStep{id, "", nullptr, {}, {}});
+  for (NodeId id : needed_nodes(graph, fetches)) {
+    PlanStep step;
+    step.node = id;
+    steps_.push_back(std::move(step));
+  }
   bind_values(store);
   plan_activations(fetches);
   choose_kernels(options);
@@ -95,6 +99,7 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
   struct Buffer {
     std::shared_ptr<Storage> storage;
     bool free = false;
+    std::vector<int> users;  // steps that wrote or read the current occupant
   };
   std::vector<Buffer> buffers;
   std::map<ValueId, size_t> buffer_of;
@@ -105,7 +110,7 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
           (best == buffers.size() || buffers[i].storage->bytes() < buffers[best].storage->bytes()))
         best = i;
     if (best == buffers.size()) {
-      buffers.push_back({std::make_shared<Storage>(std::max<int64_t>(bytes, 4)), false});
+      buffers.push_back({std::make_shared<Storage>(std::max<int64_t>(bytes, 4)), false, {}});
       activation_bytes_ += std::max<int64_t>(bytes, 4);
     }
     buffers[best].free = false;
@@ -119,7 +124,16 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
       if (info.role != ValueRole::Activation) continue;
       size_t buffer = acquire(info.shape.numel() * size_of(info.dtype));
       buffer_of[output] = buffer;
+      // Reusing a buffer orders this step after every user of its previous occupant: serially
+      // that is already so; a concurrent executor needs the edge (write after read).
+      for (int user : buffers[buffer].users)
+        if (user != position) steps_[position].after.push_back(user);
+      buffers[buffer].users = {position};
       tensors_[output] = Tensor(buffers[buffer].storage, 0, info.shape, info.dtype);
+    }
+    for (ValueId input : node.inputs) {
+      auto found = buffer_of.find(input);
+      if (found != buffer_of.end()) buffers[found->second].users.push_back(position);
     }
     // Released only after this node's outputs are placed: an op never writes over its own input.
     std::vector<ValueId> touched = node.inputs;
@@ -177,24 +191,28 @@ const Tensor& Plan::tensor(Value value) const {
 }
 
 void Plan::run() {
-  ++runs_;
-  for (PlanStep& step : steps_) {
-    const Node& node = graph_.node(step.node);
-    try {
-      auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-      int64_t trace_start = trace_ ? trace_->now_us() : 0;
-      step.kernel(KernelCall{*context_, node, step.inputs, step.outputs});
-      if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (trace_)
-        trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start,
-                                  trace_->now_us() - trace_start, trace_thread_index(), context_->threads(), runs_});
-    } catch (const Error& error) {
-      std::string message = error.what();
-      if (message.find("'" + node.name + "'") != std::string::npos) throw;
-      throw Error(cat(node.op, " '", node.name, "': ", message));
-    } catch (const std::exception& error) {
-      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
-    }
+  int64_t run_index = begin_run();
+  for (int position = 0; position < static_cast<int>(steps_.size()); ++position)
+    run_step(position, *context_, run_index);
+}
+
+void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
+  PlanStep& step = steps_[position];
+  const Node& node = graph_.node(step.node);
+  try {
+    auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    int64_t trace_start = trace_ ? trace_->now_us() : 0;
+    step.kernel(KernelCall{ctx, node, step.inputs, step.outputs});
+    if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (trace_)
+      trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start, trace_->now_us() - trace_start,
+                                trace_thread_index(), ctx.threads(), run_index});
+  } catch (const Error& error) {
+    std::string message = error.what();
+    if (message.find("'" + node.name + "'") != std::string::npos) throw;
+    throw Error(cat(node.op, " '", node.name, "': ", message));
+  } catch (const std::exception& error) {
+    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
   }
 }
 

@@ -31,6 +31,9 @@ struct PlanStep {
   std::vector<Tensor> inputs;
   std::vector<Tensor> outputs;
   double seconds = 0.0;  // accumulated over runs when PlanOptions::profile is set
+  // Positions of earlier steps that must finish first beyond data and control edges: the users of
+  // the previous occupant of a reused activation buffer.
+  std::vector<int> after;
 };
 
 class Plan {
@@ -47,11 +50,16 @@ class Plan {
   // A value's tensor; meaningful after run() for fetched values, parameters and gradients.
   const Tensor& tensor(Value value) const;
   void run();
+  // The pieces run() is made of, for other executors: number a new run, then execute one step
+  // (by position) with the given context; errors are rethrown naming the node.
+  int64_t begin_run() { return ++runs_; }
+  void run_step(int position, const ExecContext& ctx, int64_t run_index);
   // Record every op execution of later runs into `trace` (nullptr stops); not owned.
   void set_trace(Trace* trace) { trace_ = trace; }
 
   const Graph& graph() const { return graph_; }
   const std::vector<PlanStep>& steps() const { return steps_; }
+  std::vector<PlanStep>& steps() { return steps_; }
   // "op 'node' [kernel]: seconds (share)" for the `top` costliest steps of a profiled plan.
   std::string profile_report(int top) const;
   int64_t activation_bytes() const { return activation_bytes_; }

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <thread>
 
 #include <tbb/blocked_range.h>
@@ -30,14 +31,35 @@ void ThreadBudget::parallel_for(int64_t count, int64_t grain,
   if (count <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (threads_ == 1 || count <= grain) {
+    if (recording_) note_thread();
     body(0, count);
     return;
   }
   arena_->arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
-                      [&](const tbb::blocked_range<int64_t>& range) { body(range.begin(), range.end()); },
+                      [&](const tbb::blocked_range<int64_t>& range) {
+                        if (recording_) note_thread();
+                        body(range.begin(), range.end());
+                      },
                       tbb::simple_partitioner());
   });
+}
+
+void ThreadBudget::record_threads(bool on) {
+  std::lock_guard<std::mutex> lock(recorded_mutex_);
+  recording_ = on;
+  recorded_.clear();
+}
+
+std::vector<std::thread::id> ThreadBudget::recorded_threads() const {
+  std::lock_guard<std::mutex> lock(recorded_mutex_);
+  return recorded_;
+}
+
+void ThreadBudget::note_thread() const {
+  std::lock_guard<std::mutex> lock(recorded_mutex_);
+  std::thread::id self = std::this_thread::get_id();
+  if (std::find(recorded_.begin(), recorded_.end(), self) == recorded_.end()) recorded_.push_back(self);
 }
 
 int available_cores() {

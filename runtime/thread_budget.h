@@ -4,6 +4,9 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "core/op.h"
 
@@ -20,10 +23,19 @@ class ThreadBudget final : public ExecContext {
   void parallel_for(int64_t count, int64_t grain,
                     const std::function<void(int64_t, int64_t)>& body) const override;
 
+  // Verification, not assumption: while recording, every thread that runs a parallel_for body
+  // is noted, so tests can check an op granted k threads used at most k.
+  void record_threads(bool on);
+  std::vector<std::thread::id> recorded_threads() const;
+
  private:
+  void note_thread() const;
   struct Arena;
   int threads_;
   std::unique_ptr<Arena> arena_;
+  bool recording_ = false;
+  mutable std::mutex recorded_mutex_;
+  mutable std::vector<std::thread::id> recorded_;
 };
 
 // Cores this process may use (the affinity mask, not just the machine's core count).

@@ -60,6 +60,14 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   labels_in_ = train_plan_->input("labels");
   learning_rate_in_ = train_plan_->input("learning_rate");
   if (train_plan_->has_input("step")) step_in_ = train_plan_->input("step");
+  if (!options_.policy.empty()) {
+    ExecutorOptions executor;
+    executor.policy = parse_policy(options_.policy);
+    executor.threads = options_.threads;
+    executor.inter = options_.inter;
+    executor.intra = options_.intra;
+    executor_ = std::make_unique<Executor>(*train_plan_, executor);
+  }
   if (!options_.trace_path.empty()) {
     trace_ = std::make_unique<Trace>();
     train_plan_->set_trace(trace_.get());
@@ -102,7 +110,10 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
   learning_rate_in_.f32()[0] = static_cast<float>(options_.learning_rate);
   ++steps_done_;
   if (step_in_.defined()) step_in_.f32()[0] = static_cast<float>(steps_done_);
-  train_plan_->run();
+  if (executor_)
+    executor_->run();
+  else
+    train_plan_->run();
   double loss = train_plan_->tensor(loss_).f32()[0];
   if (!std::isfinite(loss))
     throw Error(cat("training stopped: loss is ", loss, " at step ", steps_done_,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/nn.h"
+#include "runtime/executor.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
@@ -30,6 +31,10 @@ struct TrainOptions {
   int64_t eval_batch = 1000;
   bool profile = false;  // time every step of the training plan (Plan::profile_report)
   std::string trace_path;  // non-empty: write a Chrome trace of the training steps there after fit
+  // Empty: run the plan in order, every op with `threads` threads (Plan::run). Otherwise an
+  // Executor with this policy ("serial", "intra" with `threads`, "fixed" with inter x intra).
+  std::string policy;
+  int inter = 1, intra = 1;
 };
 
 struct Progress {
@@ -87,6 +92,7 @@ class Trainer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Plan> train_plan_, eval_plan_;
   std::unique_ptr<Trace> trace_;
+  std::unique_ptr<Executor> executor_;
   // The training plan's inputs, looked up once rather than by name every step.
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;
