@@ -13,14 +13,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/atomic_file.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
 
 namespace {
 
 using namespace quiver;
+using bench::BatchPool;
+using bench::median;
+using bench::split;
+using bench::to_int;
 
 struct BenchOptions {
   std::vector<std::string> models = {"mlp", "cnn", "lstm"};
@@ -30,24 +36,8 @@ struct BenchOptions {
   std::string output;  // markdown table, written atomically
   std::string peer = QUIVER_TORCH_PEER_PATH;
   bool profile = false;  // print where each grid point's step time goes, by op
+  std::string policy = "auto";  // the executor's policy (auto profiles during the warm-up)
 };
-
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> parts;
-  std::stringstream stream(text);
-  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
-  return parts;
-}
-
-int to_int(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    int value = std::stoi(text, &used);
-    if (used == text.size() && value > 0) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error(cat(flag, ": expected a positive integer, got '", text, "'"));
-}
 
 BenchOptions parse(int argc, char** argv) {
   BenchOptions o;
@@ -78,31 +68,21 @@ BenchOptions parse(int argc, char** argv) {
       o.steps = to_int(flag, value);
     } else if (flag == "--runs") {
       o.runs = to_int(flag, value);
+    } else if (flag == "--policy") {
+      parse_policy(value);
+      o.policy = value;
     } else if (flag == "--output") {
       o.output = value;
     } else {
-      throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --output --no-peer --profile)"));
+      throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --policy --output --no-peer --profile)"));
     }
   }
   return o;
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 double quiver_samples_per_second(const std::string& model, int64_t batch, int threads, const BenchOptions& o) {
   ModelSpec spec = models::by_name(model);
-  const int64_t features = spec.sample_shape.numel();
-  const int pool = 64;
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-  std::vector<float> images(pool * batch * features);
-  std::vector<int32_t> labels(pool * batch);
-  for (float& v : images) v = pixel(rng);
-  for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  const BatchPool data(spec, batch);
   std::vector<double> rates;
   for (int run = 0; run < o.runs; ++run) {
     TrainOptions options;
@@ -110,11 +90,9 @@ double quiver_samples_per_second(const std::string& model, int64_t batch, int th
     options.threads = threads;
     options.eval_batch = 1;
     options.profile = o.profile && run == 0;
+    options.policy = o.policy;
     Trainer trainer(spec, options);
-    auto step = [&](int i) {
-      int slot = i % pool;
-      trainer.train_step(images.data() + slot * batch * features, labels.data() + slot * batch);
-    };
+    auto step = [&](int i) { trainer.train_step(data.images_of(i), data.labels_of(i)); };
     for (int i = 0; i < o.warmup; ++i) step(i);
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < o.steps; ++i) step(o.warmup + i);
@@ -144,16 +122,6 @@ double peer_samples_per_second(const std::string& model, int64_t batch, int thre
   return pclose(pipe) == 0 ? rate : -1.0;
 }
 
-void write_atomically(const std::string& path, const std::string& text) {
-  std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    if (!out) throw Error(cat("cannot write '", temporary, "'"));
-  }
-  std::filesystem::rename(temporary, path);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,8 +133,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
-  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %d cores%s\n",
-              o.runs, o.steps, o.warmup, available_cores(), peer ? ", libtorch peer in the same run" : ", no libtorch peer");
+  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), policy %s, %d cores%s\n",
+              o.runs, o.steps, o.warmup, o.policy.c_str(), available_cores(),
+              peer ? ", libtorch peer in the same run" : ", no libtorch peer");
   std::string table = "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
   std::printf("%s", table.c_str());
   std::fflush(stdout);
@@ -185,7 +154,7 @@ int main(int argc, char** argv) {
           std::printf("%s", row.c_str());
           std::fflush(stdout);
         }
-    if (!o.output.empty()) write_atomically(o.output, table);
+    if (!o.output.empty()) write_file_atomically(o.output, table, "results");
   } catch (const Error& error) {
     std::fprintf(stderr, "quiver-bench-throughput: %s\n", error.what());
     return 1;

@@ -40,10 +40,21 @@ int main(int argc, char** argv) {
     Dataset test = load_fashion_mnist(dir, Split::Test);
     const TrainOptions& o = command.train;
     std::cout << "quiver-train: model " << command.model << ", batch " << o.batch << ", "
-              << o.threads << " thread(s), " << o.optimizer << " lr " << o.learning_rate
+              << o.threads << " thread(s), policy " << o.policy;
+    if (o.policy == "fixed") std::cout << " " << o.inter << "x" << o.intra;
+    std::cout << ", " << o.optimizer << " lr " << o.learning_rate
               << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
     Trainer trainer(models::by_name(command.model), o);
+    if (const Executor* executor = trainer.executor(); executor && executor->policy() == Policy::Auto) {
+      if (executor->loaded_from_cache())
+        std::cout << "auto: op profiles from " << o.profile_cache << "; trying schedules over the first "
+                  << executor->tuning_runs_left() << " steps\n";
+      else
+        std::cout << "auto: profiling ops and trying schedules over the first " << executor->tuning_runs_left()
+                  << " steps" << (o.profile_cache.empty() ? std::string() : cat(" (profiles cached in ", o.profile_cache, ")"))
+                  << "\n";
+    }
     const bool live = !command.quiet && isatty(fileno(stdout));
     if (!command.quiet)
       trainer.on_progress([live](const Progress& p) {
@@ -67,6 +78,12 @@ int main(int argc, char** argv) {
                   100.0 * e.test_accuracy, e.seconds, e.samples_per_second);
     std::printf("throughput: %.0f samples/s over %lld steps (%.1f s)\n", report.samples_per_second,
                 static_cast<long long>(report.steps), report.seconds);
+    if (command.explain) {
+      if (trainer.executor())
+        std::cout << trainer.executor()->explain();
+      else
+        std::cout << "explain: no executor (empty policy)\n";
+    }
   } catch (const Error& error) {
     std::cerr << "\nquiver-train: " << error.what() << "\n";
     return 1;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/perf_model.h"
 #include "runtime/thread_budget.h"
 
 namespace quiver {
@@ -57,9 +58,14 @@ std::string train_usage() {
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
          "                         /usr/share/datasets/fashion-mnist)\n"
-         "  --policy P             executor: serial | intra | fixed (default: run the plan in\n"
-         "                         order, every op with --threads threads)\n"
+         "  --policy P             executor: auto | serial | intra | fixed (default auto: a\n"
+         "                         performance model grants each op its threads and runs\n"
+         "                         independent ops side by side)\n"
          "  --inter I --intra J    with --policy fixed: I ops side by side, J threads each\n"
+         "  --profile-cache FILE   auto: op profiles cached here (default $QUIVER_PROFILE_CACHE\n"
+         "                         or ~/.cache/quiver/profiles.json); 'none' for no cache\n"
+         "  --explain              after training, print each op's grant, predicted and\n"
+         "                         measured time and bottom level\n"
          "  --trace FILE           write a Chrome trace of every op execution (Perfetto)\n"
          "  --quiet                no live progress line\n"
          "  --help                 this text\n";
@@ -68,6 +74,8 @@ std::string train_usage() {
 TrainCommand parse_train_command(const std::vector<std::string>& args) {
   TrainCommand command;
   command.train.threads = available_cores();
+  command.train.profile_cache = default_profile_cache();
+  std::string inter_or_intra;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "--help" || flag == "-h") {
@@ -76,6 +84,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     }
     if (flag == "--quiet") {
       command.quiet = true;
+      continue;
+    }
+    if (flag == "--explain") {
+      command.explain = true;
       continue;
     }
     if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
@@ -108,13 +120,18 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
     } else if (flag == "--policy") {
-      if (value != "serial" && value != "intra" && value != "fixed")
-        throw Error(cat("--policy: expected serial, intra or fixed, got '", value, "'"));
+      if (value != "auto" && value != "serial" && value != "intra" && value != "fixed")
+        throw Error(cat("--policy: expected auto, serial, intra or fixed, got '", value, "'"));
       command.train.policy = value;
     } else if (flag == "--inter") {
       command.train.inter = static_cast<int>(parse_int(flag, value, 1, 4096));
+      inter_or_intra = flag;
     } else if (flag == "--intra") {
       command.train.intra = static_cast<int>(parse_int(flag, value, 1, 4096));
+      inter_or_intra = flag;
+    } else if (flag == "--profile-cache") {
+      if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
+      command.train.profile_cache = value == "none" ? "" : value;
     } else if (flag == "--trace") {
       if (value.empty()) throw Error("--trace: empty file name");
       command.train.trace_path = value;
@@ -125,6 +142,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       throw Error(cat("unknown option '", flag, "' (see --help)"));
     }
   }
+  if (!inter_or_intra.empty() && command.train.policy != "fixed")
+    throw Error(cat(inter_or_intra, ": only with --policy fixed (the ", command.train.policy,
+                    " policy chooses its own threads)"));
   return command;
 }
 

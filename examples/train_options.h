@@ -15,6 +15,7 @@ struct TrainCommand {
   TrainOptions train;
   bool help = false;
   bool quiet = false;  // no live progress line
+  bool explain = false;  // print the executor's per-op report after training
 };
 
 TrainCommand parse_train_command(const std::vector<std::string>& args);

@@ -5,7 +5,6 @@
 // Threads: the batch is cut into at most ctx.threads() slices, each run single-threaded by one
 // granted thread with its own primitive, stream and buffers, so oneDNN's OpenMP runtime never
 // opens a parallel region. Primitives are created on first use for a slice count, never per step.
-#include <omp.h>
 
 #include <map>
 #include <memory>
@@ -13,6 +12,7 @@
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ops/conv2d.h"
+#include "ops/onednn_threads.h"
 #include "ops/kernel_util.h"
 
 namespace quiver {
@@ -110,13 +110,14 @@ class OnednnConv {
 
   // inputs: Forward (x, w) -> y; BackwardData (dy, w) -> dx; BackwardWeights (dy, x) -> dw.
   void run(const KernelCall& call) {
+    keep_onednn_on_this_thread();  // primitives made below take their thread count from this thread
     std::vector<std::unique_ptr<Slice>>& slices = slices_for(std::min<int64_t>(call.ctx.threads(), g_.batch));
     const int64_t image_in = g_.channels * g_.height * g_.width, image_out = g_.out_channels * g_.out_plane();
     const float* lhs = call.inputs[0].f32();
     const float* rhs = call.inputs[1].f32();
     float* out = call.outputs[0].f32();
     call.ctx.parallel_for(static_cast<int64_t>(slices.size()), 1, [&](int64_t begin, int64_t end) {
-      if (omp_get_max_threads() != 1) omp_set_num_threads(1);  // this granted thread only
+      keep_onednn_on_this_thread();
       for (int64_t index = begin; index < end; ++index) {
         Slice& s = *slices[index];
         switch (pass_) {

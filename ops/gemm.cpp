@@ -1,10 +1,9 @@
 #include "ops/gemm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/onednn_threads.h"
 #include "oneapi/dnnl/dnnl.h"
 
 namespace quiver {
@@ -18,8 +17,7 @@ void fill_leading_dims(GemmShape& s) {
 }
 
 void sgemm_single_thread(float* c, const float* a, const float* b, const GemmShape& s) {
-  // A per-thread setting: keeps this call inside the calling (granted) thread.
-  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
+  keep_onednn_on_this_thread();
   dnnl_status_t status =
       dnnl_sgemm(s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.alpha, a, s.lda,
                  b, s.ldb, s.beta, c, s.ldc);

@@ -1,15 +1,17 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
-#include <queue>
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/thread_budget.h"
 
 namespace quiver {
@@ -18,7 +20,8 @@ Policy parse_policy(const std::string& name) {
   if (name == "serial") return Policy::Serial;
   if (name == "intra") return Policy::Intra;
   if (name == "fixed") return Policy::Fixed;
-  throw Error(cat("unknown execution policy '", name, "' (choose serial, intra or fixed)"));
+  if (name == "auto") return Policy::Auto;
+  throw Error(cat("unknown execution policy '", name, "' (choose serial, intra, fixed or auto)"));
 }
 
 const char* name_of(Policy policy) {
@@ -26,45 +29,60 @@ const char* name_of(Policy policy) {
     case Policy::Serial: return "serial";
     case Policy::Intra: return "intra";
     case Policy::Fixed: return "fixed";
+    case Policy::Auto: return "auto";
   }
   return "?";
 }
 
 namespace {
 
-struct Completion {
-  int lane = 0;
-  int position = 0;
-  std::exception_ptr error;
-};
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMeasurementsKept = 32;
 
 }  // namespace
 
 struct Executor::State {
   struct Lane {
-    std::unique_ptr<ThreadBudget> budget;
-    std::thread thread;
+    std::map<int, std::unique_ptr<ThreadBudget>> budgets;  // by size, made on first use
+    std::thread thread;                                    // none for lane 0 (run()'s caller)
+    std::condition_variable wake;                          // an assignment, the end of the run, or stop
     int assigned = -1;  // step position to run, -1 when idle
+    int threads = 1;    // its grant
   };
   std::mutex mutex;
-  std::condition_variable work;  // lanes wait for an assignment or stop
-  std::condition_variable done;  // the dispatcher waits for completions
-  std::vector<Lane> lanes;
-  std::deque<Completion> completions;
-  int64_t run_index = 0;
+  std::vector<std::unique_ptr<Lane>> lanes;
   bool stopping = false;
+  // The run in progress.
+  int64_t run_index = 0;
+  std::vector<int> waiting;  // unfinished predecessors per position
+  std::vector<int> ready;
+  std::vector<Running> running;
+  int free_threads = 0, finished = 0;
+  bool profiling = false;
+  int profile_threads = 0;  // threads of this profiling run; 0 for a warm-up run
+  Clock::time_point start;
+  std::exception_ptr first_error;
+  bool done() const { return finished == static_cast<int>(waiting.size()) || (first_error && running.empty()); }
 };
 
-Executor::Executor(Plan& plan, ExecutorOptions options) : plan_(plan), options_(options), state_(std::make_unique<State>()) {
-  int lane_count = 1, lane_threads = 1;
+Executor::Executor(Plan& plan, ExecutorOptions options)
+    : plan_(plan), options_(options), model_(std::max(1, options.policy == Policy::Auto ? options.threads : 1)),
+      state_(std::make_unique<State>()) {
+  int lane_count = 1;
   switch (options_.policy) {
-    case Policy::Serial: break;
-    case Policy::Intra: lane_threads = options_.threads; break;
-    case Policy::Fixed: lane_count = options_.inter, lane_threads = options_.intra; break;
+    case Policy::Serial: capacity_ = 1; break;
+    case Policy::Intra: capacity_ = options_.threads; break;
+    case Policy::Fixed: lane_count = options_.inter, capacity_ = options_.inter * options_.intra; break;
+    case Policy::Auto: lane_count = options_.threads, capacity_ = options_.threads; break;
   }
-  if (lane_count < 1 || lane_threads < 1)
-    throw Error(cat("executor: policy ", name_of(options_.policy), " needs at least one lane of one thread, got ",
-                    lane_count, " x ", lane_threads));
+  if (lane_count < 1 || capacity_ < 1 || (options_.policy == Policy::Fixed && options_.intra < 1))
+    throw Error(cat("executor: policy ", name_of(options_.policy), " needs at least one thread, got threads=",
+                    options_.threads, " inter=", options_.inter, " intra=", options_.intra));
+  if (options_.profile_samples < 1 || options_.profile_warmup < 0)
+    throw Error(cat("executor: profile_samples must be >= 1 and profile_warmup >= 0, got ", options_.profile_samples,
+                    " and ", options_.profile_warmup));
+  if (!(options_.grant_tolerance >= 0.0))
+    throw Error(cat("executor: grant_tolerance must be >= 0, got ", options_.grant_tolerance));
 
   // Dependencies between step positions: data (producer of an input), control, buffer reuse.
   const Graph& graph = plan_.graph();
@@ -89,47 +107,40 @@ Executor::Executor(Plan& plan, ExecutorOptions options) : plan_(plan), options_(
     before.erase(std::unique(before.begin(), before.end()), before.end());
     for (int q : before) successors_[q].push_back(p);
     predecessor_count_[p] = static_cast<int>(before.size());
+    keys_.push_back(op_key(graph, node, steps[p].kernel_name));
   }
-  // Bottom level: own cost plus the costliest path to the end. Positions are topological.
+  const int fixed_grant = options_.policy == Policy::Fixed ? options_.intra : capacity_;
+  grants_.assign(count, options_.policy == Policy::Auto ? 1 : fixed_grant);
+  last_threads_.assign(count, 0);
+  threads_used_.assign(count, 0);
+  measured_.assign(count, std::vector<std::vector<double>>(capacity_ + 1));
+  // Bottom levels before any profile: profiled plan times when there are some, one unit per op
+  // otherwise. auto replaces them with the model's predictions.
   bottom_levels_.assign(count, 0.0);
   for (int p = count - 1; p >= 0; --p) {
     double tail = 0.0;
     for (int s : successors_[p]) tail = std::max(tail, bottom_levels_[s]);
     bottom_levels_[p] = std::max(steps[p].seconds, 1e-6) + tail;
   }
-  threads_used_.assign(count, 0);
 
-  state_->lanes.resize(lane_count);
-  for (int l = 0; l < lane_count; ++l) {
-    state_->lanes[l].budget = std::make_unique<ThreadBudget>(lane_threads);
-    state_->lanes[l].thread = std::thread([this, l] {
-      State& state = *state_;
-      std::unique_lock<std::mutex> lock(state.mutex);
-      for (;;) {
-        state.work.wait(lock, [&] { return state.stopping || state.lanes[l].assigned >= 0; });
-        if (state.stopping) return;
-        const int position = state.lanes[l].assigned;
-        const int64_t run_index = state.run_index;
-        ThreadBudget& budget = *state.lanes[l].budget;
-        lock.unlock();
-        Completion completion{l, position, nullptr};
-        try {
-          if (options_.record_threads) budget.record_threads(true);
-          plan_.run_step(position, budget, run_index);
-          if (options_.record_threads) {
-            threads_used_[position] = static_cast<int>(budget.recorded_threads().size());
-            budget.record_threads(false);
-          }
-        } catch (...) {
-          completion.error = std::current_exception();
-        }
-        lock.lock();
-        state.lanes[l].assigned = -1;
-        state.completions.push_back(completion);
-        state.done.notify_one();
+  if (options_.policy == Policy::Auto) {
+    if (!options_.profile_cache.empty() && model_.load(options_.profile_cache)) {
+      bool complete = true;
+      for (const std::string& key : keys_) complete = complete && model_.complete(key, 1);
+      if (complete) {
+        loaded_from_cache_ = true;
+        finish_profiling();
       }
-    });
+    }
+    if (!profiled_) {
+      profile_schedule_.assign(options_.profile_warmup, 0);
+      for (int threads : model_.profiled_counts())
+        for (int sample = 0; sample < options_.profile_samples; ++sample) profile_schedule_.push_back(threads);
+    }
   }
+
+  for (int l = 0; l < lane_count; ++l) state_->lanes.push_back(std::make_unique<State::Lane>());
+  for (int l = 1; l < lane_count; ++l) state_->lanes[l]->thread = std::thread([this, l] { lane_main(l); });
 }
 
 Executor::~Executor() {
@@ -137,60 +148,307 @@ Executor::~Executor() {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stopping = true;
   }
-  state_->work.notify_all();
-  for (State::Lane& lane : state_->lanes)
-    if (lane.thread.joinable()) lane.thread.join();
+  for (auto& lane : state_->lanes) lane->wake.notify_all();
+  for (auto& lane : state_->lanes)
+    if (lane->thread.joinable()) lane->thread.join();
 }
 
 int Executor::lanes() const { return static_cast<int>(state_->lanes.size()); }
-int Executor::threads_per_lane() const { return state_->lanes.at(0).budget->threads(); }
+
+int Executor::tuning_runs_left() const {
+  if (options_.policy != Policy::Auto || tuned_) return 0;
+  const size_t profiling = profile_schedule_.size() - std::min(profile_run_, profile_schedule_.size());
+  const size_t trials = capacity_ > 1 ? static_cast<size_t>(3 * options_.trial_rounds) : 0;
+  return static_cast<int>(profiling + trials - std::min(trial_run_, trials));
+}
+
+void Executor::use_grants(const std::vector<int>& grants) {
+  grants_ = grants;
+  for (int p = static_cast<int>(keys_.size()) - 1; p >= 0; --p) {
+    double tail = 0.0;
+    for (int s : successors_[p]) tail = std::max(tail, bottom_levels_[s]);
+    bottom_levels_[p] = model_.predict(keys_[p], grants_[p]) + tail;
+  }
+}
+
+void Executor::finish_profiling() {
+  model_.fit();
+  const int count = static_cast<int>(keys_.size());
+  std::vector<int> model_grants(count);
+  for (int p = 0; p < count; ++p)
+    model_grants[p] = model_.grant(keys_[p], options_.grant_tolerance, options_.grant_slack_s);
+  candidate_grants_ = {model_grants};
+  if (capacity_ > 1) {
+    candidate_names_ = {"model", "intra", "narrow"};
+    candidate_grants_.push_back(std::vector<int>(count, capacity_));
+    candidate_grants_.push_back(std::vector<int>(count, 1));
+    trial_seconds_.assign(candidate_grants_.size(), {});
+    for (int round = 0; round < options_.trial_rounds; ++round)
+      for (int c = 0; c < static_cast<int>(candidate_grants_.size()); ++c) trial_order_.push_back(c);
+  } else {
+    tuned_ = true;
+  }
+  use_grants(model_grants);
+  profiled_ = true;
+  if (!options_.profile_cache.empty() && !loaded_from_cache_) {
+    try {
+      model_.save(options_.profile_cache);
+    } catch (const Error& error) {
+      warn(cat("profiles not cached: ", error.what()));
+    }
+  }
+}
+
+void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double now, std::vector<Running>& running,
+                           std::vector<Running>& launches) const {
+  auto launch = [&](size_t index, int threads) {
+    const int position = ready[index];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(index));
+    Running started{position, threads, now + model_.predict(keys_[position], threads)};
+    running.push_back(started);
+    launches.push_back(started);
+    free_threads -= threads;
+  };
+  while (free_threads > 0 && !ready.empty()) {
+    const int top = ready.front();
+    const std::string& key = keys_[top];
+    const int want = grants_[top];
+    if (free_threads >= want) {
+      // Alone in the queue, an op may take the threads that still speed it up.
+      const int threads = ready.size() == 1 ? std::clamp(model_.fastest(key), want, free_threads) : want;
+      launch(0, threads);
+      continue;
+    }
+    // Too few threads free: when will `want` be, and does starting now on fewer finish sooner?
+    std::vector<Running> by_finish = running;
+    std::sort(by_finish.begin(), by_finish.end(),
+              [](const Running& a, const Running& b) { return a.predicted_finish < b.predicted_finish; });
+    double available_at = now;
+    int free_then = free_threads;
+    for (const Running& r : by_finish) {
+      if (free_then >= want) break;
+      free_then += r.threads;
+      available_at = std::max(now, r.predicted_finish);
+    }
+    if (now + model_.predict(key, free_threads) <= available_at + model_.predict(key, want)) {
+      launch(0, free_threads);
+      continue;
+    }
+    // Backfill: later ops that finish before the top op could start do not delay it.
+    for (size_t i = 1; i < ready.size() && free_threads > 0;) {
+      const int threads = std::min(grants_[ready[i]], free_threads);
+      if (now + model_.predict(keys_[ready[i]], threads) <= available_at)
+        launch(i, threads);
+      else
+        ++i;
+    }
+    break;
+  }
+}
+
+void Executor::lane_main(int lane) {
+  State& state = *state_;
+  std::unique_lock<std::mutex> lock(state.mutex);
+  for (;;) {
+    state.lanes[lane]->wake.wait(lock, [&] { return state.stopping || state.lanes[lane]->assigned >= 0; });
+    if (state.stopping) return;
+    run_assigned(lane, lock);
+  }
+}
+
+void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) {
+  State& state = *state_;
+  State::Lane& lane = *state.lanes[lane_index];
+  const int position = lane.assigned, threads = lane.threads;
+  std::unique_ptr<ThreadBudget>& budget = lane.budgets[threads];
+  const int64_t run_index = state.run_index;
+  lock.unlock();
+  double seconds = 0.0;
+  std::exception_ptr error;
+  try {
+    if (!budget) budget = std::make_unique<ThreadBudget>(threads);
+    if (options_.record_threads) budget->record_threads(true);
+    const Clock::time_point start = Clock::now();
+    plan_.run_step(position, *budget, run_index);
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (options_.record_threads) {
+      threads_used_[position] = static_cast<int>(budget->recorded_threads().size());
+      budget->record_threads(false);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  lane.assigned = -1;
+  state.running.erase(std::find_if(state.running.begin(), state.running.end(),
+                                   [&](const Running& r) { return r.position == position; }));
+  if (!state.profiling) state.free_threads += threads;
+  ++state.finished;
+  if (error) {
+    if (!state.first_error) state.first_error = error;
+  } else {
+    if (state.profiling) {
+      if (state.profile_threads > 0) model_.add_sample(keys_[position], threads, seconds);
+    } else if (options_.policy == Policy::Auto && tuned_) {
+      std::vector<double>& times = measured_[position][threads];
+      if (times.size() == kMeasurementsKept) times.erase(times.begin());
+      times.push_back(seconds);
+    }
+    for (int s : successors_[position])
+      if (--state.waiting[s] == 0) state.ready.push_back(s);
+  }
+  dispatch(lane_index);
+  if (state.done() && lane_index != 0) state.lanes[0]->wake.notify_one();
+}
+
+void Executor::dispatch(int preferred_lane) {
+  State& state = *state_;
+  std::vector<Running> launches;
+  if (!state.first_error && !state.ready.empty()) choose(launches);
+  for (const Running& launch : launches) {
+    State::Lane* lane = state.lanes[preferred_lane]->assigned < 0 ? state.lanes[preferred_lane].get() : nullptr;
+    for (size_t l = 0; !lane && l < state.lanes.size(); ++l)
+      if (state.lanes[l]->assigned < 0) lane = state.lanes[l].get();
+    if (!lane) {  // cannot happen: every launch takes at least one of the threads the lanes match
+      state.first_error = std::make_exception_ptr(Error("executor: no idle lane for a launch (a scheduler bug)"));
+      return;
+    }
+    lane->assigned = launch.position;
+    lane->threads = launch.threads;
+    last_threads_[launch.position] = launch.threads;
+    if (lane != state.lanes[preferred_lane].get()) lane->wake.notify_one();
+  }
+  int granted = 0;
+  for (const Running& r : state.running) granted += r.threads;
+  peak_running_ = std::max(peak_running_, static_cast<int>(state.running.size()));
+  peak_threads_ = std::max(peak_threads_, granted);
+  if (state.running.empty() && !state.done() && !state.first_error)
+    state.first_error = std::make_exception_ptr(
+        Error(cat("executor: ", state.waiting.size() - state.finished, " steps can never run (a dependency cycle)")));
+}
+
+void Executor::choose(std::vector<Running>& launches) {
+  State& state = *state_;
+  std::vector<int>& ready = state.ready;
+  std::sort(ready.begin(), ready.end(), [this](int a, int b) {  // larger bottom level first, then plan order
+    if (bottom_levels_[a] != bottom_levels_[b]) return bottom_levels_[a] > bottom_levels_[b];
+    return a < b;
+  });
+  auto launch_front = [&](int threads) {
+    launches.push_back({ready.front(), threads, 0.0});
+    state.running.push_back(launches.back());
+    ready.erase(ready.begin());
+  };
+  if (state.profiling) {  // one op at a time, at the thread count this run samples
+    if (state.running.empty()) launch_front(state.profile_threads == 0 ? capacity_ : state.profile_threads);
+  } else if (options_.policy == Policy::Auto) {
+    const double now = std::chrono::duration<double>(Clock::now() - state.start).count();
+    choose_auto(ready, state.free_threads, now, state.running, launches);
+  } else {
+    const int grant = grants_[0];
+    while (state.free_threads >= grant && !ready.empty()) {
+      launch_front(grant);
+      state.free_threads -= grant;
+    }
+  }
+}
 
 void Executor::run() {
   State& state = *state_;
-  const int count = static_cast<int>(predecessor_count_.size());
-  std::vector<int> waiting = predecessor_count_;
-  auto later = [this](int a, int b) {  // priority: larger bottom level first, then plan order
-    if (bottom_levels_[a] != bottom_levels_[b]) return bottom_levels_[a] < bottom_levels_[b];
-    return a > b;
-  };
-  std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
-  for (int p = 0; p < count; ++p)
-    if (waiting[p] == 0) ready.push(p);
-
   std::unique_lock<std::mutex> lock(state.mutex);
   state.run_index = plan_.begin_run();
-  int finished = 0, running = 0;
-  std::exception_ptr first_error;
-  while (finished < count) {
-    bool launched = false;
-    for (State::Lane& lane : state.lanes) {
-      if (first_error || ready.empty()) break;
-      if (lane.assigned >= 0) continue;
-      lane.assigned = ready.top();
-      ready.pop();
-      ++running;
-      launched = true;
-    }
-    if (launched) state.work.notify_all();
-    if (running == 0) {
-      if (first_error) break;
-      throw Error(cat("executor: ", count - finished, " steps can never run (a dependency cycle)"));
-    }
-    state.done.wait(lock, [&] { return !state.completions.empty(); });
-    while (!state.completions.empty()) {
-      Completion completion = state.completions.front();
-      state.completions.pop_front();
-      --running;
-      ++finished;
-      if (completion.error) {
-        if (!first_error) first_error = completion.error;
-        continue;
-      }
-      for (int s : successors_[completion.position])
-        if (--waiting[s] == 0) ready.push(s);
+  state.waiting = predecessor_count_;
+  state.ready.clear();
+  for (int p = 0; p < static_cast<int>(state.waiting.size()); ++p)
+    if (state.waiting[p] == 0) state.ready.push_back(p);
+  state.running.clear();
+  state.free_threads = capacity_;
+  state.finished = 0;
+  state.profiling = options_.policy == Policy::Auto && !profiled_;
+  state.profile_threads = state.profiling ? profile_schedule_[profile_run_] : 0;
+  const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
+  if (trial) use_grants(candidate_grants_[trial_order_[trial_run_]]);
+  state.start = Clock::now();
+  state.first_error = nullptr;
+  peak_running_ = peak_threads_ = 0;
+  if (!state.waiting.empty()) dispatch(0);
+  while (!state.done()) {
+    if (state.lanes[0]->assigned >= 0)
+      run_assigned(0, lock);
+    else
+      state.lanes[0]->wake.wait(lock, [&] { return state.done() || state.lanes[0]->assigned >= 0; });
+  }
+  if (state.first_error) std::rethrow_exception(state.first_error);
+  if (state.profiling && ++profile_run_ == profile_schedule_.size()) {
+    lock.unlock();
+    finish_profiling();
+  } else if (trial) {
+    trial_seconds_[trial_order_[trial_run_]].push_back(std::chrono::duration<double>(Clock::now() - state.start).count());
+    if (++trial_run_ == trial_order_.size()) {
+      for (int c = 1; c < static_cast<int>(candidate_grants_.size()); ++c)
+        if (median_of(trial_seconds_[c]) < median_of(trial_seconds_[chosen_])) chosen_ = c;
+      use_grants(candidate_grants_[chosen_]);
+      tuned_ = true;
     }
   }
-  if (first_error) std::rethrow_exception(first_error);
+}
+
+std::vector<double> Executor::schedule_errors() const {
+  std::vector<double> errors;
+  if (!profiled_) return errors;
+  for (size_t p = 0; p < measured_.size(); ++p)
+    for (int threads = 1; threads < static_cast<int>(measured_[p].size()); ++threads) {
+      if (measured_[p][threads].empty()) continue;
+      const double measured = median_of(measured_[p][threads]);
+      errors.push_back(std::abs(model_.predict(keys_[p], threads) - measured) / measured);
+    }
+  return errors;
+}
+
+std::string Executor::explain() const {
+  std::string text = cat("policy ", name_of(options_.policy), ", ", capacity_, " threads, ", lanes(), " lanes\n");
+  if (options_.policy != Policy::Auto) return text + "(grants and predictions come from the auto policy's model)\n";
+  if (!tuned_) return text + cat("still tuning: ", tuning_runs_left(), " steps to go\n");
+  text += loaded_from_cache_ ? cat("profiles from the cache '", options_.profile_cache, "'\n")
+                             : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
+                                   " samples per op and thread count after ", options_.profile_warmup, " warm-up steps)\n");
+  char line[512];
+  if (candidate_grants_.size() > 1) {
+    text += cat("schedule: ", candidate_names_[chosen_], " (median step time over ", options_.trial_rounds, " trial steps:");
+    for (size_t c = 0; c < candidate_grants_.size(); ++c)
+      text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(trial_seconds_[c])) / 100.0, " ms");
+    text += ")\n";
+  }
+  std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %5s %10s %10s %10s %11s\n", "op", "node", "kernel", "grant",
+                "T(1) ms", "pred ms", "meas ms", "bottom ms");
+  text += line;
+  const std::vector<PlanStep>& steps = plan_.steps();
+  for (size_t p = 0; p < steps.size(); ++p) {
+    const Node& node = plan_.graph().node(steps[p].node);
+    const int threads = last_threads_[p] > 0 ? last_threads_[p] : grants_[p];
+    const double measured = median_of(measured_[p][threads]);
+    if (candidate_grants_.size() > 1) {
+    text += cat("schedule: ", candidate_names_[chosen_], " (median step time over ", options_.trial_rounds, " trial steps:");
+    for (size_t c = 0; c < candidate_grants_.size(); ++c)
+      text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(trial_seconds_[c])) / 100.0, " ms");
+    text += ")\n";
+  }
+  std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %2d/%-2d %10.3f %10.3f %10s %11.3f\n", node.op.c_str(),
+                  node.name.c_str(), steps[p].kernel_name.c_str(), grants_[p], threads,
+                  1e3 * model_.predict(keys_[p], 1), 1e3 * model_.predict(keys_[p], threads),
+                  measured < 0 ? "-" : cat(1e3 * measured).substr(0, 9).c_str(), 1e3 * bottom_levels_[p]);
+    text += line;
+  }
+  text += "grant: granted/given in the last step (given differs when a grant was shrunk or widened)\n";
+  const std::vector<double> schedule = schedule_errors();
+  const std::vector<double> held_out = model_.held_out_errors();
+  text += schedule.empty() ? "model error in the schedule: no runs measured yet\n"
+                           : cat("model error in the schedule: median ", 100.0 * median_of(schedule), "% over ",
+                                 schedule.size(), " op/thread-count pairs\n");
+  text += held_out.empty() ? "model error at held-out thread counts: needs 3 or more profiled counts\n"
+                           : cat("model error at held-out thread counts: median ", 100.0 * median_of(held_out),
+                                 "% over ", held_out.size(), " points\n");
+  return text;
 }
 
 }  // namespace quiver

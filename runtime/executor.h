@@ -1,36 +1,54 @@
-// Executor: runs a Plan's steps concurrently on "lanes". A lane is a persistent thread with its
-// own thread budget (a TBB arena of its grant); ready steps start while lanes are free, in order
-// of bottom level (the predicted time from the step to the end of the graph along its longest
-// path), and a step's completion releases its successors (data, control and buffer-reuse edges).
-// The first kernel error stops new launches, lets running steps finish, and is rethrown naming
-// the node: nothing hangs.
+// Executor: runs a Plan's steps concurrently (DESIGN.md section 3, "Concurrency control"). Lanes
+// are persistent threads; a lane runs one op at a time inside a thread budget (a TBB arena) of
+// the op's grant. Ready ops start while threads are free, highest bottom level first (the
+// predicted time from the op to the end of the step along its longest path); a completion
+// releases successors (data, control and buffer-reuse edges). The first kernel error stops new
+// launches, lets running ops finish and is rethrown naming the node: nothing hangs.
 //
-// Policies: `serial` (one lane, one thread: the reference), `intra` (one lane with all threads:
-// TensorFlow's recommended setting on one socket), `fixed` (`inter` lanes of `intra` threads).
-// What it is not yet: the per-op performance model and the `auto` policy that grants each op its
-// own thread count (issue 3); until then bottom levels use profiled step times when the Plan was
-// profiled, and one unit per step otherwise.
+// Policies:
+//   serial  one op at a time on one thread: the reference.
+//   intra   one op at a time on all threads (TensorFlow's recommended setting on one socket).
+//   fixed   `inter` ops side by side, `intra` threads each (TensorFlow's inter/intra-op pools).
+//   auto    the performance model decides: the first steps profile every op key at thread
+//           counts 1..P (one op at a time, several samples each, unless the profile cache has
+//           them); then each op is granted the fewest threads predicted within `grant_tolerance`
+//           of its best, ops co-run on disjoint budgets summing to at most P, and a grant is
+//           shrunk to the free threads when starting now is predicted to finish sooner than
+//           waiting; while an op is the only one ready it may use as many threads as help it.
+//           The model cannot see interference between co-running ops (shared caches, memory
+//           bandwidth), so before settling, auto runs its schedule against two plain ones
+//           under the same scheduler, every op on all P threads (intra) and every op on one
+//           thread side by side, a few steps each, interleaved, and keeps the fastest.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "runtime/perf_model.h"
 #include "runtime/plan.h"
 
 namespace quiver {
 
-enum class Policy { Serial, Intra, Fixed };
+enum class Policy { Serial, Intra, Fixed, Auto };
 
-Policy parse_policy(const std::string& name);  // "serial" | "intra" | "fixed"; throws otherwise
+Policy parse_policy(const std::string& name);  // "serial" | "intra" | "fixed" | "auto"; throws otherwise
 const char* name_of(Policy policy);
 
 struct ExecutorOptions {
   Policy policy = Policy::Serial;
-  int threads = 1;  // intra: threads of the one lane
-  int inter = 1;    // fixed: lanes running side by side
-  int intra = 1;    // fixed: threads per lane
-  bool record_threads = false;  // note which threads ran each step's kernel work (tests)
+  int threads = 1;  // intra and auto: the threads the executor may use
+  int inter = 1;    // fixed: ops side by side
+  int intra = 1;    // fixed: threads per op
+  bool record_threads = false;  // note which threads ran each op's kernel work (tests)
+  // auto:
+  int profile_warmup = 2;        // steps run before profiling: first touches, oneDNN's first calls
+  int profile_samples = 5;       // timings per op key and thread count before fitting
+  double grant_tolerance = 0.05; // a grant's predicted time is within 5% of the op's best...
+  double grant_slack_s = 5e-6;   // ...or within 5 us of it: a thread that saves less is not worth it
+  int trial_rounds = 3;          // steps per candidate schedule when choosing among them
+  std::string profile_cache;     // load profiles from / save them to this file; "" for none
 };
 
 class Executor {
@@ -41,20 +59,77 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void run();  // one step of the plan
+  Policy policy() const { return options_.policy; }
   int lanes() const;
-  int threads_per_lane() const;
+  int threads() const { return capacity_; }  // threads the executor may use at once
+  // auto: true once every op has a fitted profile (after profiling runs or from the cache).
+  bool profiled() const { return profiled_; }
+  // auto: true once the schedule is settled (profiled, and the candidate schedules tried).
+  bool tuned() const { return tuned_; }
+  int tuning_runs_left() const;  // profiling and trial steps still to run
+  const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
+  bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
-  // With record_threads: distinct threads that ran each step's parallel work in the last run.
+  const std::vector<int>& grants() const { return grants_; }         // per step position
+  const std::vector<int>& last_threads() const { return last_threads_; }  // threads given in the last run
+  // In the last run: the most ops running at once, and the most threads granted at once.
+  int peak_running() const { return peak_running_; }
+  int peak_threads() const { return peak_threads_; }
+  // With record_threads: distinct threads that ran each op's parallel work in the last run.
   const std::vector<int>& threads_used() const { return threads_used_; }
+  const PerfModel& model() const { return model_; }
+  // |predicted - measured| / measured per op run after profiling, at the threads it was given
+  // (medians of its executions): how well the model predicts the schedule it drives.
+  std::vector<double> schedule_errors() const;
+  // Per op: kernel, grant, predicted and measured time, bottom level; model accuracy at the end.
+  std::string explain() const;
 
  private:
   struct State;
+  struct Running {
+    int position = 0, threads = 1;
+    double predicted_finish = 0.0;  // seconds from the start of the run
+  };
+  void finish_profiling();
+  // The lanes: lane 0 is the thread that calls run(), the others are persistent threads. Whoever
+  // finishes an op updates the run under the mutex and launches what is ready, keeping the next
+  // op for itself when it can, so a chain of ops runs on one thread without hand-offs.
+  void lane_main(int lane);
+  void run_assigned(int lane, std::unique_lock<std::mutex>& lock);
+  void dispatch(int preferred_lane);
+  // Which ready ops to start now, and with how many threads, by policy.
+  void choose(std::vector<Running>& launches);
+  // auto, after profiling.
+  void choose_auto(std::vector<int>& ready, int& free_threads, double now, std::vector<Running>& running,
+                   std::vector<Running>& launches) const;
+
   Plan& plan_;
   ExecutorOptions options_;
+  int capacity_ = 1;
   std::vector<std::vector<int>> successors_;
   std::vector<int> predecessor_count_;
   std::vector<double> bottom_levels_;
+  std::vector<std::string> keys_;
+  std::vector<int> grants_;
+  std::vector<int> last_threads_;
   std::vector<int> threads_used_;
+  int peak_running_ = 0, peak_threads_ = 0;
+  // Recent execution times after profiling, per position and thread count.
+  std::vector<std::vector<std::vector<double>>> measured_;
+  PerfModel model_;
+  std::vector<int> profile_schedule_;  // thread count of each remaining profiling run (0: warm-up)
+  size_t profile_run_ = 0;
+  bool profiled_ = false;
+  // Candidate schedules (grants per position) tried after profiling, and their step times.
+  void use_grants(const std::vector<int>& grants);
+  std::vector<std::string> candidate_names_{"model"};
+  std::vector<std::vector<int>> candidate_grants_;
+  std::vector<std::vector<double>> trial_seconds_;
+  std::vector<int> trial_order_;
+  size_t trial_run_ = 0;
+  int chosen_ = 0;
+  bool tuned_ = false;
+  bool loaded_from_cache_ = false;
   std::unique_ptr<State> state_;
 };
 

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "runtime/atomic_file.h"
 
 namespace quiver {
 
@@ -50,6 +51,11 @@ size_t Trace::size() const {
   return events_.size();
 }
 
+std::vector<TraceEvent> Trace::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
 std::string Trace::json() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
@@ -63,17 +69,6 @@ std::string Trace::json() const {
   return text + "\n]}\n";
 }
 
-void Trace::write(const std::string& path) const {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    if (!out) throw Error(cat("trace: cannot write '", path, "'"));
-    out << json();
-    if (!out.flush()) throw Error(cat("trace: writing '", path, "' failed"));
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw Error(cat("trace: cannot move '", temporary, "' to '", path, "': ", error.message()));
-}
+void Trace::write(const std::string& path) const { write_file_atomically(path, json(), "trace"); }
 
 }  // namespace quiver

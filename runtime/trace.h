@@ -28,6 +28,7 @@ class Trace {
   int64_t now_us() const;
   void record(TraceEvent event);
   size_t size() const;
+  std::vector<TraceEvent> events() const;  // a copy, in recording order
   std::string json() const;
   // Throws quiver::Error naming the path when it cannot be written.
   void write(const std::string& path) const;

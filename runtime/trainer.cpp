@@ -66,6 +66,8 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
     executor.threads = options_.threads;
     executor.inter = options_.inter;
     executor.intra = options_.intra;
+    executor.profile_cache = options_.profile_cache;
+    executor.profile_samples = options_.profile_samples;
     executor_ = std::make_unique<Executor>(*train_plan_, executor);
   }
   if (!options_.trace_path.empty()) {

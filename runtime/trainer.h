@@ -31,10 +31,13 @@ struct TrainOptions {
   int64_t eval_batch = 1000;
   bool profile = false;  // time every step of the training plan (Plan::profile_report)
   std::string trace_path;  // non-empty: write a Chrome trace of the training steps there after fit
-  // Empty: run the plan in order, every op with `threads` threads (Plan::run). Otherwise an
-  // Executor with this policy ("serial", "intra" with `threads`, "fixed" with inter x intra).
-  std::string policy;
+  // The Executor's policy: "auto" (the performance model grants each op its threads, up to
+  // `threads`), "serial", "intra" (every op on `threads`), "fixed" (inter x intra). Empty: run
+  // the plan in order, every op with `threads` threads (Plan::run), with no executor at all.
+  std::string policy = "auto";
   int inter = 1, intra = 1;
+  std::string profile_cache;  // auto: profiles cached in this file ("" for none)
+  int profile_samples = 5;    // auto: timings per op and thread count
 };
 
 struct Progress {
@@ -81,6 +84,8 @@ class Trainer {
   const Graph& train_graph() const { return train_graph_; }
   Plan& train_plan() { return *train_plan_; }
   const TrainOptions& options() const { return options_; }
+  // The executor running the training plan; nullptr when the policy is empty (Plan::run).
+  const Executor* executor() const { return executor_.get(); }
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);

@@ -53,7 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"},
                       BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
-                      BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "auto"}, "--policy"},
+                      BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},
+                      BadFlag{{"--intra", "2"}, "--intra"}, BadFlag{{"--profile-cache", ""}, "--profile-cache"},
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);

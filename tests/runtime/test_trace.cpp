@@ -20,6 +20,7 @@ TEST(Trace, TrainingStepsWriteValidChromeTrace) {
   options.batch = 8;
   options.eval_batch = 8;
   options.threads = 2;
+  options.policy = "intra";  // one op at a time on both threads: events in plan order, each granted 2
   Trainer trainer(models::cnn(), options);
   Trace trace;
   trainer.train_plan().set_trace(&trace);

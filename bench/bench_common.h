@@ -1,0 +1,60 @@
+// Pieces the benchmarks share: comma lists and positive integers from the command line, medians,
+// and a pool of fixed random batches so that no I/O is timed.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/nn.h"
+
+namespace quiver::bench {
+
+inline std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  return parts;
+}
+
+inline int to_int(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    int value = std::stoi(text, &used);
+    if (used == text.size() && value > 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(cat(flag, ": expected a positive integer, got '", text, "'"));
+}
+
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// `pool` batches of uniform pixels and random labels for `spec`, cycled through by step().
+struct BatchPool {
+  BatchPool(const ModelSpec& spec, int64_t batch, int pool = 64) : batch(batch), pool(pool) {
+    features = spec.sample_shape.numel();
+    std::mt19937_64 rng(42);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    images.resize(static_cast<size_t>(pool * batch * features));
+    labels.resize(static_cast<size_t>(pool * batch));
+    for (float& v : images) v = pixel(rng);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  }
+  const float* images_of(int64_t step) const { return images.data() + (step % pool) * batch * features; }
+  const int32_t* labels_of(int64_t step) const { return labels.data() + (step % pool) * batch; }
+  int64_t batch, features = 0;
+  int pool;
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+
+}  // namespace quiver::bench

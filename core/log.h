@@ -1,0 +1,16 @@
+// Warnings the library reports without stopping: an ignored profile cache, a fallback taken.
+// They go to stderr as "quiver: warning: ..." unless a sink is installed (tests capture them).
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace quiver {
+
+using WarningSink = std::function<void(const std::string&)>;
+
+void warn(const std::string& message);
+// Installs `sink` (an empty function restores stderr) and returns the previous one.
+WarningSink set_warning_sink(WarningSink sink);
+
+}  // namespace quiver

@@ -1,0 +1,270 @@
+#include "runtime/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/atomic_file.h"
+
+namespace quiver {
+
+namespace {
+
+constexpr const char* kCacheFormat = "quiver-profile-cache";
+constexpr int kCacheVersion = 1;
+constexpr const char* kQuiverVersion = "0.1";
+constexpr double kShortest = 1e-7;  // predictions never fall below 0.1 us
+
+// Weighted least squares of y = sum_j x_j * basis_j(p), weights 1/t (relative error).
+// Returns false when the normal equations are singular.
+bool least_squares(const std::vector<std::pair<int, double>>& points, int terms, double* solution) {
+  double normal[3][4] = {};
+  for (const auto& [threads, seconds] : points) {
+    const double p = threads, w = 1.0 / seconds;
+    const double row[3] = {w, w / p, w * p};
+    for (int i = 0; i < terms; ++i) {
+      for (int j = 0; j < terms; ++j) normal[i][j] += row[i] * row[j];
+      normal[i][3] += row[i] * (seconds * w);
+    }
+  }
+  for (int column = 0; column < terms; ++column) {
+    int pivot = column;
+    for (int r = column + 1; r < terms; ++r)
+      if (std::abs(normal[r][column]) > std::abs(normal[pivot][column])) pivot = r;
+    if (std::abs(normal[pivot][column]) < 1e-12) return false;
+    for (int k = 0; k < 4; ++k) std::swap(normal[column][k], normal[pivot][k]);
+    for (int r = 0; r < terms; ++r) {
+      if (r == column) continue;
+      const double factor = normal[r][column] / normal[column][column];
+      for (int k = column; k < 4; ++k) normal[r][k] -= factor * normal[column][k];
+    }
+  }
+  for (int i = 0; i < terms; ++i) solution[i] = normal[i][3] / normal[i][i];
+  return true;
+}
+
+}  // namespace
+
+std::string op_key(const Graph& graph, const Node& node, const std::string& kernel) {
+  std::string key = node.op + "/" + kernel + " ";
+  for (ValueId input : node.inputs) key += graph.value(input).shape.str();
+  return key + " " + node.attrs.str();
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return -1.0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+double ThreadFit::predict(int threads) const {
+  const double p = threads;
+  return std::max(kShortest, a + b / p + c * p);
+}
+
+ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points) {
+  ThreadFit fit;
+  if (points.empty()) return fit;
+  std::vector<std::pair<int, double>> positive;
+  for (auto [threads, seconds] : points) positive.push_back({threads, std::max(seconds, kShortest)});
+  if (positive.size() == 1) {
+    fit.a = positive[0].second;
+    return fit;
+  }
+  double x[3] = {};
+  auto positive_everywhere = [&](const ThreadFit& candidate) {
+    for (auto [threads, seconds] : positive)
+      if (candidate.a + candidate.b / threads + candidate.c * threads <= 0.0) return false;
+    return true;
+  };
+  if (positive.size() >= 3 && least_squares(positive, 3, x)) {
+    ThreadFit full{x[0], x[1], x[2]};
+    if (positive_everywhere(full)) return full;
+  }
+  if (least_squares(positive, 2, x)) {
+    ThreadFit amdahl{x[0], x[1], 0.0};
+    if (positive_everywhere(amdahl)) return amdahl;
+  }
+  double sum = 0.0;  // degenerate points: the mean time
+  for (auto [threads, seconds] : positive) sum += seconds;
+  fit.a = sum / static_cast<double>(positive.size());
+  return fit;
+}
+
+PerfModel::PerfModel(int max_threads) : max_threads_(max_threads) {
+  if (max_threads < 1) throw Error(cat("performance model: max threads must be >= 1, got ", max_threads));
+  for (int p = 1; p <= max_threads; p = p < 8 ? p + 1 : p * 2) counts_.push_back(p);
+  if (counts_.back() != max_threads) counts_.push_back(max_threads);
+}
+
+void PerfModel::add_sample(const std::string& key, int threads, double seconds) {
+  Entry& entry = entries_[key];
+  entry.samples[threads].push_back(seconds);
+  entry.fitted = false;
+}
+
+int PerfModel::samples(const std::string& key, int threads) const {
+  auto found = entries_.find(key);
+  if (found == entries_.end()) return 0;
+  auto at = found->second.samples.find(threads);
+  return at == found->second.samples.end() ? 0 : static_cast<int>(at->second.size());
+}
+
+bool PerfModel::complete(const std::string& key, int per_count) const {
+  for (int p : counts_)
+    if (samples(key, p) < per_count) return false;
+  return true;
+}
+
+void PerfModel::fit() {
+  for (auto& [key, entry] : entries_) {
+    std::vector<std::pair<int, double>> points;
+    for (const auto& [threads, seconds] : entry.samples) points.push_back({threads, median_of(seconds)});
+    entry.fit = fit_thread_curve(points);
+    entry.fitted = true;
+  }
+}
+
+const PerfModel::Entry& PerfModel::entry(const std::string& key) const {
+  auto found = entries_.find(key);
+  if (found == entries_.end() || !found->second.fitted)
+    throw Error(cat("performance model: no fitted profile for '", key, "'"));
+  return found->second;
+}
+
+double PerfModel::predict(const std::string& key, int threads) const { return entry(key).fit.predict(threads); }
+
+int PerfModel::fastest(const std::string& key) const {
+  const ThreadFit& fit = entry(key).fit;
+  int best = 1;
+  for (int p = 2; p <= max_threads_; ++p)
+    if (fit.predict(p) < fit.predict(best)) best = p;
+  return best;
+}
+
+int PerfModel::grant(const std::string& key, double tolerance, double slack) const {
+  const ThreadFit& fit = entry(key).fit;
+  const double best = fit.predict(fastest(key));
+  const double target = std::max(best * (1.0 + tolerance), best + slack);
+  for (int p = 1; p <= max_threads_; ++p)
+    if (fit.predict(p) <= target) return p;
+  return max_threads_;
+}
+
+double PerfModel::measured(const std::string& key, int threads) const {
+  auto found = entries_.find(key);
+  if (found == entries_.end()) return -1.0;
+  auto at = found->second.samples.find(threads);
+  return at == found->second.samples.end() ? -1.0 : median_of(at->second);
+}
+
+std::vector<double> PerfModel::held_out_errors() const {
+  std::vector<double> errors;
+  for (const auto& [key, entry] : entries_) {
+    std::vector<std::pair<int, double>> points;
+    for (const auto& [threads, seconds] : entry.samples) points.push_back({threads, median_of(seconds)});
+    if (points.size() < 3) continue;
+    for (size_t left_out = 0; left_out < points.size(); ++left_out) {
+      std::vector<std::pair<int, double>> rest = points;
+      rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(left_out));
+      const auto [threads, seconds] = points[left_out];
+      errors.push_back(std::abs(fit_thread_curve(rest).predict(threads) - seconds) / seconds);
+    }
+  }
+  return errors;
+}
+
+std::string PerfModel::cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    std::string name = line.substr(colon + 1);
+    name.erase(0, name.find_first_not_of(' '));
+    return name;
+  }
+  return "unknown";
+}
+
+bool PerfModel::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<std::string, Entry> loaded;
+  try {
+    nlohmann::json cache = nlohmann::json::parse(text.str());
+    if (!cache.is_object() || cache.value("format", "") != kCacheFormat)
+      throw std::runtime_error("not a Quiver profile cache");
+    if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
+      warn(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
+               cache.at("quiver").dump(), "; this is format ", kCacheVersion, ", Quiver ", kQuiverVersion,
+               "); ops will be profiled again"));
+      return false;
+    }
+    const std::string cpu = cache.at("cpu").get<std::string>();
+    if (cpu != cpu_model()) {
+      warn(cat("ignoring profile cache '", path, "': it was measured on '", cpu, "', this CPU is '", cpu_model(),
+               "'; ops will be profiled again"));
+      return false;
+    }
+    for (const auto& [key, op] : cache.at("ops").items()) {
+      auto threads = op.at("threads").get<std::vector<int>>();
+      auto seconds = op.at("median_s").get<std::vector<double>>();
+      if (threads.size() != seconds.size() || threads.empty())
+        throw std::runtime_error(cat("op '", key, "' has ", threads.size(), " thread counts and ", seconds.size(), " times"));
+      for (size_t i = 0; i < threads.size(); ++i) {
+        if (threads[i] < 1 || !std::isfinite(seconds[i]) || seconds[i] <= 0.0)
+          throw std::runtime_error(cat("op '", key, "' has an invalid entry (", threads[i], " threads, ", seconds[i], " s)"));
+        loaded[key].samples[threads[i]].push_back(seconds[i]);
+      }
+    }
+  } catch (const std::exception& error) {
+    warn(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
+    return false;
+  }
+  for (auto& [key, entry] : loaded) entries_[key] = std::move(entry);
+  fit();
+  return true;
+}
+
+void PerfModel::save(const std::string& path) const {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [key, entry] : entries_) {
+    std::vector<int> threads;
+    std::vector<double> seconds;
+    for (const auto& [p, times] : entry.samples) threads.push_back(p), seconds.push_back(median_of(times));
+    ops[key] = {{"threads", threads}, {"median_s", seconds}};
+  }
+  nlohmann::json cache = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"quiver", kQuiverVersion},
+                          {"cpu", cpu_model()}, {"ops", ops}};
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!parent.empty()) std::filesystem::create_directories(parent, error);
+  write_file_atomically(path, cache.dump(1) + "\n", "profile cache");
+}
+
+std::string default_profile_cache() {
+  if (const char* explicit_path = std::getenv("QUIVER_PROFILE_CACHE")) return explicit_path;
+  std::string directory;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    directory = std::string(xdg) + "/quiver";
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    directory = std::string(home) + "/.cache/quiver";
+  else
+    return "";
+  return directory + "/profiles.json";
+}
+
+}  // namespace quiver

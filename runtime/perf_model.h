@@ -1,0 +1,86 @@
+// PerfModel: how long an op takes as a function of the threads it is granted (DESIGN.md section 3,
+// "Concurrency control"). Ops are keyed by kind, kernel, input shapes and attributes, so equal
+// ops share one profile. Timings per key and thread count are collected while the first steps
+// run; a small model T(p) is fitted to their medians:
+//   one measured count:   T(p) = a
+//   two measured counts:  T(p) = a + b/p                 (Amdahl: serial part + parallel part)
+//   three or more:        T(p) = a + b/p + c*p           (c: the cost of each extra thread)
+// weighted so every point counts by its relative error. The grant of an op is the fewest threads
+// whose predicted time is within a tolerance of the best. Profiles persist in a cache file keyed
+// by CPU model; a corrupt, foreign or stale file is ignored with a warning.
+// What it is not: a model of interference between co-running ops (measured, not predicted).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+
+namespace quiver {
+
+// "conv2d/onednn_conv (64,1,28,28)(32,1,5,5) pad=2,stride=1": what an op's time depends on.
+std::string op_key(const Graph& graph, const Node& node, const std::string& kernel);
+
+double median_of(std::vector<double> values);
+
+struct ThreadFit {
+  double a = 0.0, b = 0.0, c = 0.0;  // T(p) = a + b/p + c*p, in seconds
+  double predict(int threads) const;
+};
+
+// Least-squares fit of T(p) to (threads, seconds) points, relative error, form by point count.
+ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points);
+
+class PerfModel {
+ public:
+  explicit PerfModel(int max_threads);
+  int max_threads() const { return max_threads_; }
+  // Thread counts profiled: every count up to 8, then a doubling series up to max_threads.
+  const std::vector<int>& profiled_counts() const { return counts_; }
+
+  void add_sample(const std::string& key, int threads, double seconds);
+  // Samples of `key` at `threads`.
+  int samples(const std::string& key, int threads) const;
+  // Every profiled count has at least `per_count` samples (a cached median counts as enough).
+  bool complete(const std::string& key, int per_count) const;
+  bool knows(const std::string& key) const { return entries_.count(key) > 0; }
+  // Fits every key from the medians of its samples.
+  void fit();
+  double predict(const std::string& key, int threads) const;
+  // The fewest threads predicted within (1 + tolerance) x, or `slack` seconds of, the best.
+  int grant(const std::string& key, double tolerance, double slack = 0.0) const;
+  int fastest(const std::string& key) const;                   // the p of the best prediction
+  double measured(const std::string& key, int threads) const;  // median sample, -1 when none
+
+  // Accuracy at thread counts not used for fitting: for each key measured at three or more
+  // counts, leave each count out in turn, refit on the rest and collect |pred - measured| /
+  // measured. Empty when no key has three counts (a 2-core machine).
+  std::vector<double> held_out_errors() const;
+
+  // The CPU model as /proc/cpuinfo names it ("unknown" when it cannot be read).
+  static std::string cpu_model();
+  // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
+  // corrupt, from another CPU, or from another format or Quiver version (with a warning).
+  bool load(const std::string& path);
+  // Writes every key's medians to `path` atomically (creating its directory).
+  void save(const std::string& path) const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::map<int, std::vector<double>> samples;  // threads -> seconds
+    ThreadFit fit;
+    bool fitted = false;
+  };
+  const Entry& entry(const std::string& key) const;
+  int max_threads_;
+  std::vector<int> counts_;
+  std::map<std::string, Entry> entries_;
+};
+
+// Where quiver-train keeps profiles: $QUIVER_PROFILE_CACHE, else $XDG_CACHE_HOME/quiver or
+// ~/.cache/quiver, file profiles.json; "" when none of these is set.
+std::string default_profile_cache();
+
+}  // namespace quiver

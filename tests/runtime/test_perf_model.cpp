@@ -1,0 +1,206 @@
+// The performance model: the fit of T(p) against known curves, grants, held-out error, the
+// profile cache (round trip; corrupt, foreign and stale files ignored with a warning), and the
+// executor skipping profiling when the cache has every op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "models/models.h"
+#include "runtime/executor.h"
+#include "runtime/perf_model.h"
+#include "runtime/trainer.h"
+
+namespace quiver {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("quiver_perf_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+struct CapturedWarnings {
+  CapturedWarnings() {
+    previous = set_warning_sink([this](const std::string& message) { messages.push_back(message); });
+  }
+  ~CapturedWarnings() { set_warning_sink(previous); }
+  std::vector<std::string> messages;
+  WarningSink previous;
+};
+
+TEST(PerfModel, FitRecoversAKnownCurve) {
+  const double a = 2e-4, b = 3e-3, c = 5e-5;
+  std::vector<std::pair<int, double>> points;
+  for (int p = 1; p <= 8; ++p) points.push_back({p, a + b / p + c * p});
+  ThreadFit fit = fit_thread_curve(points);
+  EXPECT_NEAR(fit.a, a, 1e-9);
+  EXPECT_NEAR(fit.b, b, 1e-9);
+  EXPECT_NEAR(fit.c, c, 1e-9);
+  EXPECT_NEAR(fit.predict(16), a + b / 16 + c * 16, 1e-9);
+}
+
+TEST(PerfModel, TwoCountsFitAmdahlExactlyAndOneCountIsConstant) {
+  ThreadFit two = fit_thread_curve({{1, 10e-3}, {2, 6e-3}});  // a + b = 10, a + b/2 = 6 (ms)
+  EXPECT_NEAR(two.a, 2e-3, 1e-12);
+  EXPECT_NEAR(two.b, 8e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(two.c, 0.0);
+  ThreadFit one = fit_thread_curve({{1, 4e-3}});
+  EXPECT_DOUBLE_EQ(one.predict(1), 4e-3);
+  EXPECT_DOUBLE_EQ(one.predict(7), 4e-3);
+}
+
+TEST(PerfModel, GrantIsTheFewestThreadsNearTheBest) {
+  PerfModel model(8);
+  for (int p : model.profiled_counts()) {
+    model.add_sample("scales", p, 1e-4 + 8e-3 / p);          // keeps improving: best at 8
+    model.add_sample("saturates", p, 1e-3 + 1e-3 / p + 2e-4 * p);  // best near sqrt(5) ~ 2
+    model.add_sample("serial", p, 1e-3 + 1e-5 * p);          // threads only cost
+  }
+  model.fit();
+  EXPECT_EQ(model.fastest("scales"), 8);
+  // Within 5% of T(8) = 1.1e-3: 8e-3/p <= 1.155e-3 - 1e-4 needs p >= 7.6.
+  EXPECT_EQ(model.grant("scales", 0.05), 8);
+  EXPECT_EQ(model.grant("scales", 0.5), 6);  // T(6) = 1.433e-3 <= 1.65e-3 < T(5)
+  EXPECT_EQ(model.fastest("saturates"), 2);
+  EXPECT_EQ(model.grant("serial", 0.05), 1);
+  EXPECT_THROW(model.predict("unknown", 1), Error);
+  EXPECT_EQ(model.profiled_counts(), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(PerfModel(20).profiled_counts(), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 16, 20}));
+}
+
+TEST(PerfModel, HeldOutErrorNeedsThreeCountsAndSeesNoise) {
+  PerfModel two(2);
+  two.add_sample("op", 1, 1e-3);
+  two.add_sample("op", 2, 6e-4);
+  EXPECT_TRUE(two.held_out_errors().empty());
+  PerfModel exact(6), noisy(6);
+  for (int p = 1; p <= 6; ++p) {
+    exact.add_sample("op", p, 1e-4 + 1e-3 / p + 1e-5 * p);
+    noisy.add_sample("op", p, (1e-4 + 1e-3 / p + 1e-5 * p) * (p % 2 ? 1.2 : 0.8));
+  }
+  for (double error : exact.held_out_errors()) EXPECT_LT(error, 1e-6);
+  double worst = 0.0;
+  for (double error : noisy.held_out_errors()) worst = std::max(worst, error);
+  EXPECT_GT(worst, 0.1);
+}
+
+TEST(PerfModel, OpKeysSeparateShapesAndAttributes) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4, 8}), y = b.input("y", Shape{8, 3}), z = b.input("z", Shape{8, 5});
+  b.matmul(x, y);
+  b.matmul(x, z);
+  b.matmul(x, x, false, true);
+  const Graph& g = b.graph();
+  std::set<std::string> keys;
+  for (const Node& node : g.nodes()) keys.insert(op_key(g, node, "onednn_sgemm"));
+  EXPECT_EQ(keys.size(), 3u);
+}
+
+TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
+  const std::string path = temp_path("cache.json");
+  PerfModel model(2);
+  model.add_sample("conv", 1, 2e-3);
+  model.add_sample("conv", 2, 1.2e-3);
+  model.add_sample("relu", 1, 1e-5);
+  model.add_sample("relu", 2, 2e-5);
+  model.fit();
+  model.save(path);
+  {
+    CapturedWarnings warnings;
+    PerfModel loaded(2);
+    ASSERT_TRUE(loaded.load(path));
+    EXPECT_TRUE(warnings.messages.empty());
+    EXPECT_DOUBLE_EQ(loaded.predict("conv", 2), model.predict("conv", 2));
+    EXPECT_EQ(loaded.grant("relu", 0.05), 1);
+    EXPECT_TRUE(loaded.complete("conv", 1));
+  }
+  nlohmann::json original;
+  std::ifstream(path) >> original;
+  auto expect_ignored = [&](const std::string& text, const std::string& word) {
+    std::ofstream(path, std::ios::trunc) << text;
+    CapturedWarnings warnings;
+    PerfModel loaded(2);
+    EXPECT_FALSE(loaded.load(path)) << text.substr(0, 80);
+    EXPECT_EQ(loaded.size(), 0u);
+    ASSERT_EQ(warnings.messages.size(), 1u);
+    EXPECT_NE(warnings.messages[0].find(word), std::string::npos) << warnings.messages[0];
+    EXPECT_NE(warnings.messages[0].find(path), std::string::npos) << warnings.messages[0];
+  };
+  expect_ignored("{\"format\": \"quiver-profile-cache\", \"version\": 1, \"ops\": {", "corrupt");
+  expect_ignored("not json at all", "corrupt");
+  nlohmann::json bad = original;
+  bad["ops"]["conv"]["median_s"] = {1e-3};  // two counts, one time
+  expect_ignored(bad.dump(), "corrupt");
+  bad = original;
+  bad["ops"]["conv"]["median_s"] = {-1.0, 1e-3};
+  expect_ignored(bad.dump(), "corrupt");
+  bad = original;
+  bad["cpu"] = "A CPU from another machine";
+  expect_ignored(bad.dump(), "another machine");
+  bad = original;
+  bad["version"] = 0;
+  expect_ignored(bad.dump(), "stale");
+  {
+    CapturedWarnings warnings;
+    PerfModel missing(2);
+    EXPECT_FALSE(missing.load(path + ".does-not-exist"));
+    EXPECT_TRUE(warnings.messages.empty()) << "a first run has no cache: nothing to warn about";
+  }
+  std::filesystem::remove(path);
+}
+
+// The first run profiles and writes the cache; the second run of the same model reads it and
+// starts scheduling at once; a corrupt cache means profiling again, with a warning, then a good
+// cache written over it.
+TEST(PerfModel, SecondRunSkipsProfiling) {
+  const std::string path = temp_path("executor_cache.json");
+  std::filesystem::remove(path);
+  TrainOptions train;
+  train.batch = 8;
+  train.eval_batch = 8;
+  train.policy = "";
+  Trainer trainer(models::mlp(), train);
+  ExecutorOptions options;
+  options.policy = Policy::Auto;
+  options.threads = 2;
+  options.profile_samples = 2;
+  options.profile_cache = path;
+  {
+    Executor first(trainer.train_plan(), options);
+    EXPECT_FALSE(first.profiled());
+    // Warm-up, 2 samples at 1 and at 2 threads, then 3 trial steps of each of 3 candidate schedules.
+    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 3 * 3);
+    while (!first.profiled()) first.run();
+    EXPECT_TRUE(std::filesystem::exists(path));
+  }
+  {
+    Executor second(trainer.train_plan(), options);
+    EXPECT_TRUE(second.profiled());
+    EXPECT_TRUE(second.loaded_from_cache());
+    EXPECT_EQ(second.tuning_runs_left(), 3 * 3);  // no profiling, only the trials
+    while (!second.tuned()) second.run();
+    second.run();
+    const std::string report = second.explain();
+    EXPECT_NE(report.find("from the cache"), std::string::npos) << report;
+    EXPECT_NE(report.find("fc1"), std::string::npos) << report;
+    EXPECT_NE(report.find("model error in the schedule"), std::string::npos) << report;
+  }
+  std::ofstream(path, std::ios::trunc) << "{ truncated";
+  {
+    CapturedWarnings warnings;
+    Executor third(trainer.train_plan(), options);
+    EXPECT_FALSE(third.profiled());
+    ASSERT_EQ(warnings.messages.size(), 1u);
+    while (!third.profiled()) third.run();
+  }
+  PerfModel reread(2);
+  EXPECT_TRUE(reread.load(path));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace quiver
