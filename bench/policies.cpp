@@ -1,13 +1,15 @@
 // quiver-bench-policies: step time of the executor's policies side by side, per model and batch,
 // with all cores: serial, intra (TensorFlow's recommended one op at a time on all threads), every
 // fixed inter x intra pair with more than one op side by side, and auto (the performance model).
-// Each run measures every policy once, in turn, so drift on a shared machine hits all alike; the
-// table gives medians over runs and ratios to intra (> 1: faster than intra). It also reports the
+// All policies run the same compiled plan in one process; each round times every policy once, in
+// turn, so drift on a shared machine hits all alike; the table gives medians over rounds and
+// ratios to intra (> 1: faster than intra). It also reports the
 // performance model's accuracy per model: the median error of predicted vs measured op times in
 // the auto schedule, and at held-out thread counts where there are three or more.
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,7 +28,7 @@ struct Options {
   std::vector<std::string> models = {"mlp", "cnn", "lstm"};
   std::vector<int64_t> batches = {16, 64, 256};
   int threads = available_cores();
-  int warmup = 30, steps = 50, runs = 5;
+  int warmup = 40, steps = 50, runs = 5;
   std::string output;
 };
 
@@ -72,38 +74,57 @@ std::vector<Config> configs(int threads) {
   return list;
 }
 
-struct Measurement {
-  double step_seconds = 0.0;
-  std::string chosen;  // auto: the schedule it settled on
+// One model and batch: every policy's Executor over the same compiled plan (one set of
+// parameters, trained on by all), each warmed up (auto: until its schedule is settled); then
+// `runs` rounds, each timing `steps` steps of every policy in turn. Same process, same buffers,
+// interleaved: the fairest comparison a shared machine allows.
+struct Result {
+  std::map<std::string, std::vector<double>> step_seconds;  // by config label, one per round
+  std::map<std::string, int> chosen;                       // auto's settled schedule
   std::vector<double> schedule_errors, held_out_errors;
 };
 
-Measurement measure(const std::string& model, int64_t batch, const Config& config, const Options& o,
-                    const bench::BatchPool& data) {
+Result measure(const std::string& model, int64_t batch, const std::vector<Config>& list, const Options& o) {
+  const bench::BatchPool data(models::by_name(model), batch);
   TrainOptions options;
   options.batch = batch;
   options.eval_batch = 1;
-  options.threads = config.policy == "serial" ? 1 : o.threads;
-  options.policy = config.policy;
-  options.inter = config.inter;
-  options.intra = config.intra;
+  options.policy = "";  // the trainer only builds the plan; the executors below run it
   Trainer trainer(models::by_name(model), options);
-  int64_t step = 0;
-  for (; step < o.warmup; ++step) trainer.train_step(data.images_of(step), data.labels_of(step));
-  const Executor* executor = trainer.executor();
-  if (config.policy == "auto" && !executor->tuned())
-    throw Error(cat("--warmup ", o.warmup, " is shorter than auto's profiling and trials (", executor->tuning_runs_left(),
-                    " steps to go)"));
-  auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.steps; ++i, ++step) trainer.train_step(data.images_of(step), data.labels_of(step));
-  Measurement m;
-  m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
-  if (config.policy == "auto") {
-    m.schedule_errors = executor->schedule_errors();
-    m.chosen = executor->chosen_schedule();
-    m.held_out_errors = executor->model().held_out_errors();
+  Plan& plan = trainer.train_plan();
+  Tensor images = plan.input("images"), labels = plan.input("labels");
+  plan.input("learning_rate").f32()[0] = static_cast<float>(options.learning_rate);
+  int64_t fed = 0;
+  auto feed = [&] {
+    std::copy_n(data.images_of(fed), images.numel(), images.f32());
+    std::copy_n(data.labels_of(fed), labels.numel(), labels.i32());
+    ++fed;
+  };
+  std::vector<std::unique_ptr<Executor>> executors;
+  for (const Config& c : list) {
+    ExecutorOptions e;
+    e.policy = parse_policy(c.policy);
+    e.threads = c.policy == "serial" ? 1 : o.threads;
+    e.inter = c.inter;
+    e.intra = c.intra;
+    executors.push_back(std::make_unique<Executor>(plan, e));
+    for (int i = 0; i < o.warmup || !executors.back()->tuned(); ++i) feed(), executors.back()->run();
   }
-  return m;
+  Result result;
+  for (int run = 0; run < o.runs; ++run)
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto start = std::chrono::steady_clock::now();
+      for (int s = 0; s < o.steps; ++s) feed(), executors[i]->run();
+      result.step_seconds[list[i].label].push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps);
+    }
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].policy == "auto") {
+      ++result.chosen[executors[i]->chosen_schedule()];
+      result.schedule_errors = executors[i]->schedule_errors();
+      result.held_out_errors = executors[i]->model().held_out_errors();
+    }
+  return result;
 }
 
 std::string percent(const std::vector<double>& errors) {
@@ -129,25 +150,18 @@ int main(int argc, char** argv) {
   header += " auto chose | model error (schedule) | model error (held-out p) |\n";
   rule += "---|---|---|\n";
   std::string table = header + rule;
-  std::printf("# step time by executor policy, %d threads (median of %d runs of %d steps after %d warm-up steps; "
+  std::printf("# step time by executor policy, %d threads (median of %d rounds of %d steps after %d warm-up steps; "
               "ratio = intra's step time / the policy's, > 1 is faster)\n%s",
               o.threads, o.runs, o.steps, o.warmup, table.c_str());
   std::fflush(stdout);
   try {
     for (const std::string& model : o.models)
       for (int64_t batch : o.batches) {
-        const bench::BatchPool data(models::by_name(model), batch);
-        std::map<std::string, std::vector<double>> times;
-        std::vector<double> schedule, held_out;
-        std::map<std::string, int> chosen;
-        for (int run = 0; run < o.runs; ++run)
-          for (const Config& c : list) {
-            Measurement m = measure(model, batch, c, o, data);
-            times[c.label].push_back(m.step_seconds);
-            schedule.insert(schedule.end(), m.schedule_errors.begin(), m.schedule_errors.end());
-            held_out.insert(held_out.end(), m.held_out_errors.begin(), m.held_out_errors.end());
-            if (!m.chosen.empty()) ++chosen[m.chosen];
-          }
+        Result result = measure(model, batch, list, o);
+        std::map<std::string, std::vector<double>>& times = result.step_seconds;
+        std::vector<double>& schedule = result.schedule_errors;
+        std::vector<double>& held_out = result.held_out_errors;
+        std::map<std::string, int>& chosen = result.chosen;
         const double intra = bench::median(times["intra"]);
         std::string row = cat("| ", model, " | ", batch, " |");
         for (const Config& c : list) row += cat(" ", static_cast<int>(1e5 * bench::median(times[c.label])) / 100.0, " |");

@@ -18,7 +18,8 @@
 //           The model cannot see interference between co-running ops (shared caches, memory
 //           bandwidth), so before settling, auto runs its schedule against two plain ones
 //           under the same scheduler, every op on all P threads (intra) and every op on one
-//           thread side by side, a few steps each, interleaved, and keeps the fastest.
+//           thread side by side, a few steps each, interleaved, and keeps the fastest (intra
+//           unless another is faster by more than 3%).
 #pragma once
 
 #include <memory>
@@ -47,7 +48,7 @@ struct ExecutorOptions {
   int profile_samples = 5;       // timings per op key and thread count before fitting
   double grant_tolerance = 0.05; // a grant's predicted time is within 5% of the op's best...
   double grant_slack_s = 5e-6;   // ...or within 5 us of it: a thread that saves less is not worth it
-  int trial_rounds = 3;          // steps per candidate schedule when choosing among them
+  int trial_rounds = 5;          // steps per candidate schedule when choosing among them
   std::string profile_cache;     // load profiles from / save them to this file; "" for none
 };
 
@@ -64,9 +65,11 @@ class Executor {
   int threads() const { return capacity_; }  // threads the executor may use at once
   // auto: true once every op has a fitted profile (after profiling runs or from the cache).
   bool profiled() const { return profiled_; }
-  // auto: true once the schedule is settled (profiled, and the candidate schedules tried).
-  bool tuned() const { return tuned_; }
+  // True once the schedule is settled: always for serial, intra and fixed; for auto after
+  // profiling and the trial of candidate schedules.
+  bool tuned() const { return options_.policy != Policy::Auto || tuned_; }
   int tuning_runs_left() const;  // profiling and trial steps still to run
+  // auto: the schedule it settled on ("model", "intra" or "narrow").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }

@@ -172,8 +172,8 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   {
     Executor first(trainer.train_plan(), options);
     EXPECT_FALSE(first.profiled());
-    // Warm-up, 2 samples at 1 and at 2 threads, then 3 trial steps of each of 3 candidate schedules.
-    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 3 * 3);
+    // Warm-up, 2 samples at 1 and at 2 threads, then 5 trial steps of each of 3 candidate schedules.
+    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 3 * 5);
     while (!first.profiled()) first.run();
     EXPECT_TRUE(std::filesystem::exists(path));
   }
@@ -181,13 +181,15 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
     Executor second(trainer.train_plan(), options);
     EXPECT_TRUE(second.profiled());
     EXPECT_TRUE(second.loaded_from_cache());
-    EXPECT_EQ(second.tuning_runs_left(), 3 * 3);  // no profiling, only the trials
+    EXPECT_EQ(second.tuning_runs_left(), 3 * 5);  // no profiling, only the trials
     while (!second.tuned()) second.run();
     second.run();
     const std::string report = second.explain();
     EXPECT_NE(report.find("from the cache"), std::string::npos) << report;
     EXPECT_NE(report.find("fc1"), std::string::npos) << report;
     EXPECT_NE(report.find("model error in the schedule"), std::string::npos) << report;
+    EXPECT_EQ(report.find("\nschedule: "), report.rfind("\nschedule: ")) << "the chosen schedule is named once";
+    EXPECT_NE(report.find("\nschedule: "), std::string::npos) << report;
   }
   std::ofstream(path, std::ios::trunc) << "{ truncated";
   {
