@@ -1,0 +1,132 @@
+// quiver-bench-learners: training throughput of k learners kept consistent by SMA (LearnerGroup)
+// against single-stream execution (one learner, all cores, the default auto policy), per model
+// and per-learner batch. Every configuration is built once in one process; each round times
+// `steps` steps (rounds) of every configuration in turn, so drift on a shared machine hits all
+// alike; medians over rounds, ratios to single-stream. Threads: a learner gets cores / k threads
+// (at least one); with more learners than cores the learners share cores through the OS.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "core/error.h"
+#include "models/models.h"
+#include "runtime/atomic_file.h"
+#include "runtime/learners.h"
+#include "runtime/thread_budget.h"
+#include "runtime/trainer.h"
+
+namespace {
+
+using namespace quiver;
+
+struct Options {
+  std::vector<std::string> models = {"mlp", "cnn", "lstm"};
+  std::vector<int64_t> batches = {16, 64};
+  std::vector<int> learners = {1, 2, 3, 4};
+  int threads = available_cores();
+  int warmup = 40, steps = 20, runs = 5;
+  std::string output;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
+    std::string value = argv[++i];
+    if (flag == "--models") {
+      o.models = bench::split(value);
+      for (const std::string& m : o.models) models::by_name(m);
+    } else if (flag == "--batches") {
+      o.batches.clear();
+      for (const std::string& b : bench::split(value)) o.batches.push_back(bench::to_int(flag, b));
+    } else if (flag == "--learners") {
+      o.learners.clear();
+      for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
+    } else if (flag == "--threads") {
+      o.threads = bench::to_int(flag, value);
+    } else if (flag == "--warmup") {
+      o.warmup = bench::to_int(flag, value);
+    } else if (flag == "--steps") {
+      o.steps = bench::to_int(flag, value);
+    } else if (flag == "--runs") {
+      o.runs = bench::to_int(flag, value);
+    } else if (flag == "--output") {
+      o.output = value;
+    } else {
+      throw Error(cat("unknown option '", flag, "' (--models --batches --learners --threads --warmup --steps --runs --output)"));
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
+    return 2;
+  }
+  std::string header = "| model | batch per learner | single-stream samples/s |";
+  std::string rule = "|---|---|---|";
+  for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
+  for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
+  std::string table = header + "\n" + rule + "\n";
+  std::printf("# training samples/s, k learners with SMA vs single-stream (one learner, %d threads, auto policy); "
+              "median of %d rounds of %d steps after %d warm-up steps\n%s",
+              o.threads, o.runs, o.steps, o.warmup, table.c_str());
+  std::fflush(stdout);
+  try {
+    for (const std::string& model : o.models)
+      for (int64_t batch : o.batches) {
+        const int most = *std::max_element(o.learners.begin(), o.learners.end());
+        const bench::BatchPool data(models::by_name(model), batch * most, 8);
+        TrainOptions train;
+        train.batch = batch;
+        train.eval_batch = 1;
+        train.threads = o.threads;
+        train.profile_cache = "";
+        Trainer single(models::by_name(model), train);
+        std::vector<std::unique_ptr<LearnerGroup>> groups;
+        for (int k : o.learners)
+          groups.push_back(std::make_unique<LearnerGroup>(models::by_name(model), train,
+                                                          LearnerOptions{k, std::max(1, o.threads / k), SmaOptions{}}));
+        for (int i = 0; i < o.warmup; ++i) {
+          single.train_step(data.images_of(i), data.labels_of(i));
+          for (auto& group : groups) group->round(data.images_of(i), data.labels_of(i));
+        }
+        std::map<int, std::vector<double>> rates;  // -1: single-stream
+        auto time = [&](auto&& step) {
+          auto start = std::chrono::steady_clock::now();
+          for (int s = 0; s < o.steps; ++s) step(s);
+          return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        };
+        for (int run = 0; run < o.runs; ++run) {
+          rates[-1].push_back(o.steps * batch /
+                              time([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); }));
+          for (size_t g = 0; g < groups.size(); ++g)
+            rates[o.learners[g]].push_back(o.steps * batch * o.learners[g] /
+                                           time([&](int s) { groups[g]->round(data.images_of(s), data.labels_of(s)); }));
+        }
+        const double base = bench::median(rates[-1]);
+        std::string row = cat("| ", model, " | ", batch, " | ", static_cast<int64_t>(base), " |");
+        for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rates[k])), " |");
+        for (int k : o.learners) row += cat(" ", static_cast<int>(100 * bench::median(rates[k]) / base) / 100.0, " |");
+        table += row + "\n";
+        std::printf("%s\n", row.c_str());
+        std::fflush(stdout);
+      }
+    if (!o.output.empty()) write_file_atomically(o.output, table, "results");
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

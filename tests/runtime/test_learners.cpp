@@ -1,0 +1,161 @@
+// Learners and SMA: SMA against a hand-computed 2-learner example, one learner with alpha 0
+// against plain momentum SGD, reproducibility, convergence of several learners, bad options.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "models/models.h"
+#include "runtime/cpu_stream.h"
+#include "runtime/learners.h"
+#include "runtime/sma.h"
+
+namespace quiver {
+namespace {
+
+Tensor flat(std::vector<float> values) {
+  Tensor t = Tensor::zeros(Shape{static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.f32());
+  return t;
+}
+
+void expect_values(const Tensor& t, std::vector<float> expected, const char* what) {
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(t.f32()[i], expected[i], 1e-6) << what << "[" << i << "]";
+}
+
+// Worked by hand from DESIGN.md's rule, alpha 0.5, mu_z 0.9, z starting at (1, 2, 3).
+TEST(Sma, MatchesAHandComputedTwoLearnerExample) {
+  Tensor z = flat({1, 2, 3});
+  SmaSync sma(z, 2, SmaOptions{0.5, 0.9});
+  // Round 1: snapshots (0.5, 2.5, 3) and (1.5, 1, 3.5); the local steps moved each by +-0.1.
+  Tensor w1 = flat({0.4f, 2.6f, 2.9f}), w2 = flat({1.6f, 0.9f, 3.6f});
+  Tensor s1 = flat({0.5f, 2.5f, 3.0f}), s2 = flat({1.5f, 1.0f, 3.5f});
+  std::vector<Tensor> params{w1, w2}, snapshots{s1, s2};
+  sma.round(params, snapshots);
+  // c1 = 0.5 (s1 - z) = (-0.25, 0.25, 0); c2 = (0.25, -0.5, 0.25); d = (0, -0.25, 0.25).
+  expect_values(w1, {0.65f, 2.35f, 2.9f}, "w1");
+  expect_values(w2, {1.35f, 1.4f, 3.35f}, "w2");
+  expect_values(z, {1.0f, 1.75f, 3.25f}, "z");
+  // Round 2: no local movement (w = s); the average's momentum carries 0.9 of the last move.
+  Tensor t1 = flat({0.65f, 2.35f, 2.9f}), t2 = flat({1.35f, 1.4f, 3.35f});
+  std::vector<Tensor> params2{w1, w2}, snapshots2{t1, t2};
+  sma.round(params2, snapshots2);
+  // c1 = (-0.175, 0.3, -0.175); c2 = (0.175, -0.175, 0.05); d = (0, 0.125, -0.125) + 0.9 (0, -0.25, 0.25).
+  expect_values(z, {1.0f, 1.65f, 3.35f}, "z after round 2");
+  expect_values(w1, {0.825f, 2.05f, 3.075f}, "w1 after round 2");
+  expect_values(w2, {1.175f, 1.575f, 3.3f}, "w2 after round 2");
+  sma.reset_replicas(params2);
+  expect_values(w1, {1.0f, 1.65f, 3.35f}, "w1 after reset");
+}
+
+TEST(Sma, RejectsBadOptions) {
+  Tensor z = flat({1, 2});
+  EXPECT_THROW(SmaSync(z, 0, SmaOptions{}), Error);
+  EXPECT_THROW(SmaSync(z, 2, SmaOptions{1.5, 0.9}), Error);
+  EXPECT_THROW(SmaSync(z, 2, SmaOptions{0.5, 1.0}), Error);
+  EXPECT_DOUBLE_EQ(SmaSync(z, 4, SmaOptions{}).alpha(), 0.25);  // default: 1/k
+  SmaSync sma(z, 2, SmaOptions{});
+  Tensor w = flat({1, 2, 3});
+  std::vector<Tensor> params{w, w}, snapshots{w};
+  EXPECT_THROW(sma.round(params, snapshots), Error);
+}
+
+struct Batches {
+  explicit Batches(int64_t samples, int seed = 5) : images(samples * 784), labels(samples) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (float& v : images) v = pixel(rng);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  }
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+
+TrainOptions recipe() {
+  TrainOptions train;
+  train.batch = 8;
+  train.eval_batch = 8;
+  train.policy = "serial";
+  train.threads = 1;
+  return train;
+}
+
+// k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
+TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
+  Batches data(8);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{0.0, 0.9}});
+  Trainer plain(models::mlp(), recipe());
+  for (int step = 0; step < 10; ++step) {
+    group.round(data.images.data(), data.labels.data());
+    plain.train_step(data.images.data(), data.labels.data());
+  }
+  const Tensor& a = group.replica(0).flat_params();
+  const Tensor& b = plain.params().flat_params();
+  ASSERT_EQ(a.numel(), b.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+}
+
+TEST(Learners, FixedSeedAndScheduleAreReproducible) {
+  Batches data(3 * 8);
+  std::vector<float> first;
+  for (int trial = 0; trial < 2; ++trial) {
+    LearnerGroup group(models::mlp(), recipe(), LearnerOptions{3, 1, SmaOptions{}});
+    for (int round = 0; round < 5; ++round) group.round(data.images.data(), data.labels.data());
+    const Tensor& z = group.average();
+    std::vector<float> values(z.f32(), z.f32() + z.numel());
+    if (trial == 0)
+      first = values;
+    else
+      EXPECT_EQ(values, first);
+  }
+}
+
+// Two learners on different batches of a small fixed problem: the learners' loss falls far below
+// its start, and the average model z classifies the training samples well above chance.
+TEST(Learners, SeveralLearnersConverge) {
+  Batches data(2 * 8, 11);
+  TrainOptions train = recipe();
+  train.learning_rate = 0.05;
+  LearnerGroup group(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
+  const double start = group.round(data.images.data(), data.labels.data());
+  double loss = start;
+  for (int round = 0; round < 150; ++round) loss = group.round(data.images.data(), data.labels.data());
+  EXPECT_LT(loss, 0.2 * start);
+  Dataset samples;
+  samples.count = 16, samples.rows = 28, samples.cols = 28;
+  samples.images = data.images;
+  samples.labels = data.labels;
+  EXPECT_GT(group.evaluate(samples), 0.8);
+}
+
+TEST(Learners, ErrorsAreClear) {
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);
+  // A learner's NaN loss reaches the caller, naming the step.
+  Batches data(2 * 8);
+  TrainOptions train = recipe();
+  train.learning_rate = 1e30;
+  LearnerGroup group(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
+  try {
+    for (int round = 0; round < 10; ++round) group.round(data.images.data(), data.labels.data());
+    FAIL() << "a diverging run must stop";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+  }
+}
+
+TEST(CpuStream, RunsWorkInOrderAndRethrows) {
+  CpuStream stream;
+  std::vector<int> order;
+  for (int i = 0; i < 5; ++i) stream.submit([&order, i] { order.push_back(i); });
+  stream.wait();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  stream.submit([] { throw Error("deliberate"); });
+  EXPECT_THROW(stream.wait(), Error);
+  stream.submit([&order] { order.push_back(5); });
+  EXPECT_NO_THROW(stream.wait());  // usable after an error
+  EXPECT_EQ(order.size(), 6u);
+}
+
+}  // namespace
+}  // namespace quiver
