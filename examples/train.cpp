@@ -2,13 +2,16 @@
 // line, test accuracy per epoch and the final throughput.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "core/error.h"
 #include "examples/train_options.h"
 #include "models/models.h"
 #include "runtime/fashion_mnist.h"
+#include "runtime/learners.h"
 
 namespace {
 
@@ -17,6 +20,48 @@ std::string clock_text(double seconds) {
   char text[32];
   std::snprintf(text, sizeof(text), "%d:%02d", total / 60, total % 60);
   return text;
+}
+
+// --learners N|auto: k replicas with SMA; with auto the tuner's measurements are printed, the
+// first of which is one learner on all cores (single-stream), measured in this run.
+int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& train, const quiver::Dataset& test,
+                   bool live, const std::function<void(const quiver::Progress&)>& show_progress) {
+  using namespace quiver;
+  LearnerOptions options;
+  options.learners = command.learners;
+  options.tune = command.learners_auto;
+  options.threads_per_learner = command.threads_per_learner > 0
+                                    ? command.threads_per_learner
+                                    : std::max(1, command.train.threads / command.learners);
+  if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
+  LearnerGroup group(models::by_name(command.model), command.train, options);
+  if (command.learners_auto)
+    std::cout << "learners: auto (start with 1 learner on " << command.train.threads
+              << " threads; add one while samples/s rises by more than 10%), sync sma\n";
+  else
+    std::cout << "learners: " << group.learners() << " x " << group.threads_per_learner() << " thread(s), sync sma\n";
+  if (!command.quiet) group.on_progress(show_progress);
+  TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
+  if (live) std::cout << "\n";
+  for (const EpochReport& e : report.epochs)
+    std::printf("epoch %lld: loss %.4f  test accuracy of the average model %.2f%%  (%.1f s, %.0f samples/s)\n",
+                static_cast<long long>(e.epoch), e.mean_loss, 100.0 * e.test_accuracy, e.seconds,
+                e.samples_per_second);
+  const std::vector<TunerStep>& history = group.tuner_history();
+  if (!history.empty()) {
+    std::printf("tuner (samples/s over %d rounds per configuration, measured in this run):\n", options.tune_window);
+    for (size_t i = 0; i + 1 < history.size(); ++i)
+      std::printf("  %d learner(s) x %d thread(s): %.0f samples/s%s\n", history[i].learners,
+                  history[i].threads_per_learner, history[i].samples_per_second,
+                  i == 0 ? "  (single-stream: one learner, all cores)" : "");
+    const TunerStep& chosen = history.back();
+    std::printf("chose %d learner(s) x %d thread(s): %.0f samples/s, %.2fx single-stream\n", chosen.learners,
+                chosen.threads_per_learner, chosen.samples_per_second,
+                chosen.samples_per_second / history.front().samples_per_second);
+  }
+  std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
+              static_cast<long long>(report.steps), report.seconds);
+  return 0;
 }
 
 }  // namespace
@@ -45,6 +90,20 @@ int main(int argc, char** argv) {
     std::cout << ", " << o.optimizer << " lr " << o.learning_rate
               << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
+    const bool live = !command.quiet && isatty(fileno(stdout));
+    auto show_progress = [live](const Progress& p) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                    static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
+                    static_cast<long long>(p.step), static_cast<long long>(p.steps_in_epoch), p.loss,
+                    p.samples_per_second, clock_text(p.eta_seconds).c_str());
+      if (live) {
+        std::cout << "\r" << line << "   " << std::flush;
+      } else if (p.step == p.steps_in_epoch || p.step % 100 == 0) {
+        std::cout << line << "\n";
+      }
+    };
+    if (command.learners > 0) return train_learners(command, train, test, live, show_progress);
     Trainer trainer(models::by_name(command.model), o);
     if (const Executor* executor = trainer.executor(); executor && executor->policy() == Policy::Auto) {
       if (executor->loaded_from_cache())
@@ -55,21 +114,7 @@ int main(int argc, char** argv) {
                   << " steps" << (o.profile_cache.empty() ? std::string() : cat(" (profiles cached in ", o.profile_cache, ")"))
                   << "\n";
     }
-    const bool live = !command.quiet && isatty(fileno(stdout));
-    if (!command.quiet)
-      trainer.on_progress([live](const Progress& p) {
-        char line[160];
-        std::snprintf(line, sizeof(line),
-                      "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                      static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
-                      static_cast<long long>(p.step), static_cast<long long>(p.steps_in_epoch),
-                      p.loss, p.samples_per_second, clock_text(p.eta_seconds).c_str());
-        if (live) {
-          std::cout << "\r" << line << "   " << std::flush;
-        } else if (p.step == p.steps_in_epoch || p.step % 100 == 0) {
-          std::cout << line << "\n";
-        }
-      });
+    if (!command.quiet) trainer.on_progress(show_progress);
     TrainReport report = trainer.fit(train, &test);
     if (live) std::cout << "\n";
     for (const EpochReport& e : report.epochs)

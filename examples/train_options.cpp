@@ -67,6 +67,12 @@ std::string train_usage() {
          "  --explain              after training, print each op's grant, predicted and\n"
          "                         measured time and bottom level\n"
          "  --trace FILE           write a Chrome trace of every op execution (Perfetto)\n"
+         "  --learners N|auto      train N replicas at once, kept consistent by synchronous\n"
+         "                         model averaging (SMA); auto tunes N while training\n"
+         "                         (default: one model, no SMA)\n"
+         "  --threads-per-learner T  threads of each learner (default: the cores split evenly)\n"
+         "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
+         "  --sync sma             how learners are kept consistent (sma; ssgd is not built yet)\n"
          "  --quiet                no live progress line\n"
          "  --help                 this text\n";
 }
@@ -129,6 +135,24 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--intra") {
       command.train.intra = static_cast<int>(parse_int(flag, value, 1, 4096));
       inter_or_intra = flag;
+    } else if (flag == "--learners") {
+      if (value == "auto") {
+        command.learners_auto = true;
+        command.learners = 1;
+      } else {
+        command.learners = static_cast<int>(parse_int(flag, value, 1, 256));
+        command.learners_auto = false;
+      }
+    } else if (flag == "--threads-per-learner") {
+      command.threads_per_learner = static_cast<int>(parse_int(flag, value, 1, 4096));
+    } else if (flag == "--alpha") {
+      double alpha = parse_number(flag, value);
+      if (!(alpha >= 0.0 && alpha <= 1.0)) throw Error(cat("--alpha: must be in [0, 1], got '", value, "'"));
+      command.alpha = alpha;
+    } else if (flag == "--sync") {
+      if (value == "ssgd") throw Error("--sync: synchronous SGD (ssgd) is not built yet; use sma");
+      if (value != "sma") throw Error(cat("--sync: expected sma, got '", value, "'"));
+      command.sync = value;
     } else if (flag == "--profile-cache") {
       if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
       command.train.profile_cache = value == "none" ? "" : value;
@@ -142,6 +166,16 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       throw Error(cat("unknown option '", flag, "' (see --help)"));
     }
   }
+  const bool multi = command.learners > 0;
+  if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
+  if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
+  if (command.learners_auto && command.threads_per_learner > 0)
+    throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
+  if (multi && !command.learners_auto && command.threads_per_learner > 0 &&
+      command.learners * command.threads_per_learner > 4 * command.train.threads)
+    throw Error(cat("--learners ", command.learners, " x --threads-per-learner ", command.threads_per_learner,
+                    " asks for ", command.learners * command.threads_per_learner, " threads on ",
+                    command.train.threads, " cores"));
   if (!inter_or_intra.empty() && command.train.policy != "fixed")
     throw Error(cat(inter_or_intra, ": only with --policy fixed (the ", command.train.policy,
                     " policy chooses its own threads)"));

@@ -16,6 +16,12 @@ struct TrainCommand {
   bool help = false;
   bool quiet = false;  // no live progress line
   bool explain = false;  // print the executor's per-op report after training
+  // Multi-learner training (SMA): learners 0 trains one model on one stream (no SMA).
+  int learners = 0;
+  bool learners_auto = false;     // --learners auto: tuned while training
+  int threads_per_learner = 0;    // 0: the cores split evenly among the learners
+  double alpha = -1.0;            // SMA correction weight; negative: 1/k
+  std::string sync = "sma";
 };
 
 TrainCommand parse_train_command(const std::vector<std::string>& args);

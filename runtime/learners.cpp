@@ -1,33 +1,80 @@
 #include "runtime/learners.h"
 
 #include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
 
 #include "core/error.h"
+#include "runtime/batcher.h"
 
 namespace quiver {
 
-LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions options) {
+int64_t learner_bytes(const Trainer& replica) {
+  const int64_t parameters = const_cast<Trainer&>(replica).params().flat_size() * 4;
+  // parameters, gradients, momentum (or two Adam moments) and the snapshot
+  const int64_t buffers = replica.options().optimizer == "adam" ? 5 : 4;
+  return buffers * parameters + const_cast<Trainer&>(replica).train_plan().activation_bytes();
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions options)
+    : model_(std::move(model)), train_(std::move(train)), options_(options) {
   if (options.learners < 1) throw Error(cat("learners: need at least 1, got ", options.learners));
   if (options.threads_per_learner < 1)
     throw Error(cat("threads per learner: need at least 1, got ", options.threads_per_learner));
-  batch_ = train.batch;
-  features_ = model.sample_shape.numel();
-  TrainOptions replica = train;
-  replica.threads = options.threads_per_learner;
-  replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
-  for (int j = 0; j < options.learners; ++j) {
-    auto learner = std::make_unique<Learner>();
-    learner->trainer = std::make_unique<Trainer>(model, replica);
-    learner->snapshot = Tensor::zeros(learner->trainer->params().flat_params().shape(), DType::F32);
-    learners_.push_back(std::move(learner));
-  }
-  TrainOptions average = train;
+  if (!(options.tune_threshold > 0.0)) throw Error(cat("tune threshold must be > 0, got ", options.tune_threshold));
+  if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
+  if (options.max_learners == 0) options_.max_learners = 2 * available_cores();
+  if (options_.max_learners < 1) throw Error(cat("max learners must be >= 1, got ", options.max_learners));
+  batch_ = train_.batch;
+  features_ = model_.sample_shape.numel();
+  TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   average.threads = options.threads_per_learner;
-  average_ = std::make_unique<Trainer>(model, average);
-  sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), options.learners, options.sma);
-  sync_budget_ = std::make_unique<ThreadBudget>(std::min(options.learners * options.threads_per_learner, available_cores()));
+  average_ = std::make_unique<Trainer>(model_, average);
+  build(options.learners, options.threads_per_learner);
 }
+
+void LearnerGroup::build(int learners, int threads_per_learner) {
+  if (learners < 1 || threads_per_learner < 1)
+    throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
+  TrainOptions replica = train_;
+  replica.threads = threads_per_learner;
+  replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
+  std::vector<std::unique_ptr<Learner>> built;
+  for (int j = 0; j < learners; ++j) {
+    auto learner = std::make_unique<Learner>();
+    learner->trainer = std::make_unique<Trainer>(model_, replica);
+    if (j == 0) {
+      const int64_t need = learners * learner_bytes(*learner->trainer);
+      const int64_t have = available_memory_bytes();
+      if (have > 0 && need > have)
+        throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
+                        need >> 20, " MiB, only ", have >> 20, " MiB are available"));
+    }
+    const Tensor& z = average_->params().flat_params();
+    const Tensor& w = learner->trainer->params().flat_params();
+    std::copy_n(z.f32(), z.numel(), w.f32());  // every replica starts from the average model
+    learner->snapshot = Tensor::zeros(w.shape(), DType::F32);
+    built.push_back(std::move(learner));
+  }
+  learners_ = std::move(built);
+  threads_per_learner_ = threads_per_learner;
+  sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
+  sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
+}
+
+void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner); }
 
 LearnerGroup::~LearnerGroup() = default;
 
@@ -70,6 +117,121 @@ void LearnerGroup::reset_replicas() {
   std::vector<Tensor> params;
   for (auto& learner : learners_) params.push_back(learner->trainer->params().flat_params());
   sma_->reset_replicas(params);
+}
+
+TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
+  if (train.rows * train.cols != features_)
+    throw Error(cat("model '", model_.name, "' takes samples of ", features_, " values, the data has ", train.rows,
+                    "x", train.cols));
+  BatcherOptions batcher_options;
+  batcher_options.batch_size = batch_;
+  batcher_options.seed = train_.seed;
+  batcher_options.prefetch_depth = 4 * options_.max_learners;  // a round never waits on I/O
+  Batcher batcher(train, batcher_options);
+  const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
+
+  // Tuner state: the configuration being measured, its rounds so far, and the best one.
+  const int cores = available_cores();
+  bool tuning = options_.tune;
+  if (tuning && (learners() != 1 || threads_per_learner_ != cores)) resize(1, cores);
+  TunerStep best;
+  int64_t measured_rounds = 0, warmup_rounds = 0;
+  int64_t measured_samples = 0;
+  Clock::time_point measure_start = Clock::now();
+  auto start_measuring = [&] {
+    int64_t left = 0;
+    for (auto& learner : learners_)
+      if (learner->trainer->executor()) left = std::max<int64_t>(left, learner->trainer->executor()->tuning_runs_left());
+    warmup_rounds = left + 3;
+    measured_rounds = 0;
+    measured_samples = 0;
+  };
+  if (tuning) start_measuring();
+
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+  TrainReport report;
+  Clock::time_point run_start = Clock::now();
+  int64_t rounds = 0, samples = 0, batches_in_epoch = 0;
+  for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds); ++epoch) {
+    EpochReport epoch_report;
+    epoch_report.epoch = epoch;
+    Clock::time_point epoch_start = Clock::now(), last_report = epoch_start;
+    double loss_sum = 0.0;
+    int64_t epoch_rounds = 0, epoch_samples = 0;
+    for (batches_in_epoch = 0; batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds);) {
+      const int k = learners();
+      images.resize(static_cast<size_t>(k * batch_ * features_));
+      labels.resize(static_cast<size_t>(k * batch_));
+      for (int j = 0; j < k; ++j) {
+        Batch batch = batcher.next();
+        std::copy(batch.images.begin(), batch.images.end(), images.begin() + j * batch_ * features_);
+        std::copy(batch.labels.begin(), batch.labels.end(), labels.begin() + j * batch_);
+      }
+      batches_in_epoch += k;
+      loss_sum += round(images.data(), labels.data());
+      ++rounds, ++epoch_rounds;
+      samples += k * batch_, epoch_samples += k * batch_;
+      if (tuning) {
+        if (warmup_rounds > 0) {  // a new configuration's executors profile first: not measured
+          if (--warmup_rounds == 0) measure_start = Clock::now();
+        } else {
+          ++measured_rounds;
+          measured_samples += k * batch_;
+        }
+        if (warmup_rounds == 0 && measured_rounds == options_.tune_window) {
+          const TunerStep step{k, threads_per_learner_, measured_samples / seconds_since(measure_start)};
+          history_.push_back(step);
+          const bool better =
+              best.learners == 0 || step.samples_per_second > best.samples_per_second * (1.0 + options_.tune_threshold);
+          if (better) best = step;
+          bool grown = false;
+          if (better && k < options_.max_learners) {
+            try {
+              resize(k + 1, std::max(1, cores / (k + 1)));  // refused when it would not fit in memory
+              grown = true;
+              start_measuring();
+            } catch (const Error&) {
+              if (learners() != k) resize(best.learners, best.threads_per_learner);
+            }
+          }
+          if (!grown) {
+            if (k != best.learners) resize(best.learners, best.threads_per_learner);
+            history_.push_back(best);  // the last entry is the choice
+            tuning = false;
+          }
+        }
+      }
+      const bool last = batches_in_epoch + learners() > per_epoch || rounds == max_rounds;
+      if (progress_ && (last || seconds_since(last_report) > 0.5)) {
+        last_report = Clock::now();
+        const double elapsed = seconds_since(run_start);
+        const int64_t total_batches = epochs * per_epoch;
+        const int64_t done_batches = (epoch - 1) * per_epoch + batches_in_epoch;
+        Progress p{epoch, epochs, batches_in_epoch, per_epoch, done_batches, total_batches, loss_sum / epoch_rounds,
+                   samples / std::max(elapsed, 1e-9),
+                   elapsed / std::max<int64_t>(1, done_batches) * (total_batches - done_batches)};
+        progress_(p);
+      }
+    }
+    epoch_report.steps = epoch_rounds;
+    epoch_report.seconds = seconds_since(epoch_start);
+    epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_rounds);
+    epoch_report.train_accuracy = -1.0;
+    epoch_report.samples_per_second = epoch_samples / std::max(epoch_report.seconds, 1e-9);
+    report.final_loss = epoch_report.mean_loss;
+    if (test) epoch_report.test_accuracy = evaluate(*test);
+    report.epochs.push_back(epoch_report);
+  }
+  report.steps = rounds;
+  for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
+  report.samples_per_second = samples / std::max(report.seconds, 1e-9);
+  return report;
 }
 
 }  // namespace quiver

@@ -5,10 +5,17 @@
 // granted), and a stream on which its steps run. A round gives every learner one batch, runs the
 // k steps at once, waits, then applies SMA; z, the average model, is what is evaluated.
 //
-// What it is not yet (issue 4 continues): the task scheduler with a clock gate and a feeder for
-// all learners, synchronous SGD, the auto-tuner of k, checkpoints, and the CLI.
+// fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
+// batches), z is evaluated after each epoch, and with `tune` the number of learners is tuned while
+// training (Crossbow): start with one learner on all cores, measure samples/s over a window, add a
+// learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
+// best and keep it. A change of k rebuilds the replicas from z (like a learning-rate drop).
+//
+// What it is not yet (issue 4 continues): a clock gate with a staleness bound, synchronous SGD,
+// checkpoints, and CUDA streams.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,7 +30,24 @@ struct LearnerOptions {
   int learners = 2;
   int threads_per_learner = 1;  // each learner's executor gets this many threads
   SmaOptions sma;
+  // fit(): tune the number of learners while training, starting from one.
+  bool tune = false;
+  double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
+  int tune_window = 20;          // rounds measured per configuration, after its warm-up
+  int max_learners = 0;          // 0: twice the cores
 };
+
+// One configuration the tuner measured.
+struct TunerStep {
+  int learners = 0, threads_per_learner = 0;
+  double samples_per_second = 0.0;
+};
+
+// Bytes k learners need (parameters, gradients, optimizer state and snapshot per replica, plus
+// each replica's activations), estimated from one compiled replica.
+int64_t learner_bytes(const Trainer& replica);
+// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
+int64_t available_memory_bytes();
 
 class LearnerGroup {
  public:
@@ -33,6 +57,16 @@ class LearnerGroup {
   ~LearnerGroup();
 
   int learners() const { return static_cast<int>(learners_.size()); }
+  int threads_per_learner() const { return threads_per_learner_; }
+  // Rebuilds the group as k learners of `threads` threads each, every replica starting from z.
+  // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
+  void resize(int learners, int threads_per_learner);
+  // Trains for `epochs` epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
+  // `test` after each epoch. Samples/s count every learner's samples.
+  TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
+  void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
+  // With tune: every configuration measured, in order, and the one kept.
+  const std::vector<TunerStep>& tuner_history() const { return history_; }
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
@@ -52,6 +86,13 @@ class LearnerGroup {
     double loss = 0.0;
     CpuStream stream;
   };
+  void build(int learners, int threads_per_learner);
+  ModelSpec model_;
+  TrainOptions train_;
+  LearnerOptions options_;
+  int threads_per_learner_ = 1;
+  std::function<void(const Progress&)> progress_;
+  std::vector<TunerStep> history_;
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only
   std::unique_ptr<SmaSync> sma_;

@@ -54,6 +54,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
                       BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},
+                      BadFlag{{"--learners", "0"}, "--learners"}, BadFlag{{"--learners", "many"}, "--learners"},
+                      BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--sync", "ssgd"}, "--sync"},
+                      BadFlag{{"--sync", "gossip"}, "--sync"}, BadFlag{{"--threads-per-learner", "2"}, "--threads-per-learner"},
+                      BadFlag{{"--learners", "4", "--threads-per-learner", "0"}, "--threads-per-learner"},
+                      BadFlag{{"--learners", "auto", "--threads-per-learner", "1"}, "--threads-per-learner"},
+                      BadFlag{{"--alpha", "0.5"}, "--alpha"},
                       BadFlag{{"--intra", "2"}, "--intra"}, BadFlag{{"--profile-cache", ""}, "--profile-cache"},
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {

@@ -159,3 +159,56 @@ TEST(CpuStream, RunsWorkInOrderAndRethrows) {
 
 }  // namespace
 }  // namespace quiver
+
+namespace quiver {
+namespace {
+
+Dataset small_dataset(int64_t count, int seed) {
+  Batches data(count, seed);
+  Dataset set;
+  set.count = count, set.rows = 28, set.cols = 28;
+  set.images = data.images;
+  set.labels = data.labels;
+  return set;
+}
+
+// fit() with the tuner: it measures one learner first, then adds learners while the gain is
+// large enough, and keeps one of the configurations it measured; training continues throughout.
+TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
+  Dataset train = small_dataset(8 * 64, 3);
+  LearnerOptions options{1, 1, SmaOptions{}};
+  options.tune = true;
+  options.tune_window = 3;
+  options.max_learners = 3;
+  LearnerGroup group(models::mlp(), recipe(), options);
+  TrainReport report = group.fit(train, nullptr, 3);
+  const std::vector<TunerStep>& history = group.tuner_history();
+  ASSERT_GE(history.size(), 2u);
+  EXPECT_EQ(history.front().learners, 1);
+  EXPECT_EQ(history.front().threads_per_learner, available_cores());
+  const TunerStep& chosen = history.back();
+  bool measured = false;
+  for (size_t i = 0; i + 1 < history.size(); ++i) {
+    EXPECT_EQ(history[i].learners, static_cast<int>(i) + 1);  // one more learner each time
+    EXPECT_GT(history[i].samples_per_second, 0.0);
+    measured = measured || (history[i].learners == chosen.learners &&
+                            history[i].samples_per_second == chosen.samples_per_second);
+  }
+  EXPECT_TRUE(measured);
+  EXPECT_EQ(group.learners(), chosen.learners);
+  EXPECT_GT(report.steps, 0);
+}
+
+TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
+  TrainOptions train = recipe();
+  train.batch = 512;
+  try {
+    LearnerGroup group(models::mlp(), train, LearnerOptions{1000000, 1, SmaOptions{}});
+    FAIL() << "a million replicas cannot fit";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MiB are available"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace quiver
