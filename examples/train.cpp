@@ -35,6 +35,10 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                                     : std::max(1, command.train.threads / command.learners);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   LearnerGroup group(models::by_name(command.model), command.train, options);
+  if (!command.resume.empty()) {
+    group.load(command.resume);
+    std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds done)\n";
+  }
   if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
               << " threads; add one while samples/s rises by more than 10%), sync sma\n";
@@ -61,6 +65,10 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   }
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
               static_cast<long long>(report.steps), report.seconds);
+  if (!command.checkpoint.empty()) {
+    group.save(command.checkpoint);
+    std::cout << "saved the average model to " << command.checkpoint << "\n";
+  }
   return 0;
 }
 

@@ -73,6 +73,8 @@ std::string train_usage() {
          "  --threads-per-learner T  threads of each learner (default: the cores split evenly)\n"
          "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
          "  --sync sma             how learners are kept consistent (sma; ssgd is not built yet)\n"
+         "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
+         "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
          "  --help                 this text\n";
 }
@@ -153,6 +155,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       if (value == "ssgd") throw Error("--sync: synchronous SGD (ssgd) is not built yet; use sma");
       if (value != "sma") throw Error(cat("--sync: expected sma, got '", value, "'"));
       command.sync = value;
+    } else if (flag == "--checkpoint" || flag == "--resume") {
+      if (value.empty()) throw Error(cat(flag, ": empty file name"));
+      (flag == "--checkpoint" ? command.checkpoint : command.resume) = value;
     } else if (flag == "--profile-cache") {
       if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
       command.train.profile_cache = value == "none" ? "" : value;
@@ -169,6 +174,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   const bool multi = command.learners > 0;
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
+  if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
+  if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
   if (command.learners_auto && command.threads_per_learner > 0)
     throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
   if (multi && !command.learners_auto && command.threads_per_learner > 0 &&

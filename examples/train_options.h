@@ -22,6 +22,8 @@ struct TrainCommand {
   int threads_per_learner = 0;    // 0: the cores split evenly among the learners
   double alpha = -1.0;            // SMA correction weight; negative: 1/k
   std::string sync = "sma";
+  std::string checkpoint;  // with --learners: save the average model here after training
+  std::string resume;      // with --learners: start from this checkpoint
 };
 
 TrainCommand parse_train_command(const std::vector<std::string>& args);

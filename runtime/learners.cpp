@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/batcher.h"
+#include "runtime/checkpoint.h"
 
 namespace quiver {
 
@@ -108,6 +109,7 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
     loss += learner->loss;
   }
   sma_->round(params, snapshots, *sync_budget_);
+  ++rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }
 
@@ -227,11 +229,27 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     report.final_loss = epoch_report.mean_loss;
     if (test) epoch_report.test_accuracy = evaluate(*test);
     report.epochs.push_back(epoch_report);
+    ++epochs_done_;
   }
   report.steps = rounds;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
   report.samples_per_second = samples / std::max(report.seconds, 1e-9);
   return report;
+}
+
+void LearnerGroup::save(const std::string& path) const {
+  save_checkpoint(path, average_->params(), sma_->average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
+}
+
+void LearnerGroup::load(const std::string& path) {
+  // Read into a scratch buffer first: a bad file leaves the running model untouched.
+  const Tensor& z = average_->params().flat_params();
+  Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
+  CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
+  std::copy_n(scratch.f32(), scratch.numel(), z.f32());
+  rounds_done_ = info.rounds;
+  epochs_done_ = info.epochs_done;
+  build(learners(), threads_per_learner_);
 }
 
 }  // namespace quiver

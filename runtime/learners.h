@@ -78,6 +78,11 @@ class LearnerGroup {
   double evaluate(const Dataset& data);
   // Every replica becomes z (after a learning-rate drop).
   void reset_replicas();
+  // Checkpoints of z: written atomically with a checksum; loading verifies it and the model,
+  // sets z, and restarts every replica from it (their momentum cleared), so training resumes.
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+  int64_t rounds_done() const { return rounds_done_; }
 
  private:
   struct Learner {
@@ -98,6 +103,7 @@ class LearnerGroup {
   std::unique_ptr<SmaSync> sma_;
   std::unique_ptr<ThreadBudget> sync_budget_;  // the sync runs between rounds on all learners' threads
   int64_t batch_ = 0, features_ = 0;
+  int64_t rounds_done_ = 0, epochs_done_ = 0;
 };
 
 }  // namespace quiver

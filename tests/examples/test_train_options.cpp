@@ -59,7 +59,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--sync", "gossip"}, "--sync"}, BadFlag{{"--threads-per-learner", "2"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "4", "--threads-per-learner", "0"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "auto", "--threads-per-learner", "1"}, "--threads-per-learner"},
-                      BadFlag{{"--alpha", "0.5"}, "--alpha"},
+                      BadFlag{{"--alpha", "0.5"}, "--alpha"}, BadFlag{{"--checkpoint", "z.ckpt"}, "--checkpoint"},
+                      BadFlag{{"--learners", "2", "--resume", ""}, "--resume"},
                       BadFlag{{"--intra", "2"}, "--intra"}, BadFlag{{"--profile-cache", ""}, "--profile-cache"},
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {

@@ -212,3 +212,80 @@ TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
 
 }  // namespace
 }  // namespace quiver
+
+#include <filesystem>
+#include <fstream>
+
+namespace quiver {
+namespace {
+
+std::string checkpoint_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("quiver_ckpt_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(Checkpoint, RoundTripIsExactAndResumeContinuesTheLossCurve) {
+  Batches data(2 * 8, 21);
+  TrainOptions train = recipe();
+  train.learning_rate = 0.05;
+  const std::string path = checkpoint_path("roundtrip");
+  double start = 0.0, before_save = 0.0;
+  std::vector<float> saved;
+  {
+    LearnerGroup group(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
+    start = group.round(data.images.data(), data.labels.data());
+    for (int round = 0; round < 60; ++round) before_save = group.round(data.images.data(), data.labels.data());
+    group.save(path);
+    saved.assign(group.average().f32(), group.average().f32() + group.average().numel());
+  }
+  LearnerGroup resumed(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
+  resumed.load(path);
+  const Tensor& z = resumed.average();
+  ASSERT_EQ(static_cast<size_t>(z.numel()), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(z.f32()[i], saved[i]) << "parameter " << i;
+  for (int j = 0; j < 2; ++j)  // every replica restarts from z
+    for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(resumed.replica(j).flat_params().f32()[i], z.f32()[i]);
+  EXPECT_EQ(resumed.rounds_done(), 61);
+  const double after = resumed.round(data.images.data(), data.labels.data());
+  EXPECT_LT(after, 0.5 * start) << "the resumed run starts near where the saved one stopped, not from scratch";
+  EXPECT_LT(after, 2.0 * before_save + 0.05);
+  std::filesystem::remove(path);
+}
+
+TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
+  const std::string path = checkpoint_path("bad");
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  group.save(path);
+  const std::vector<float> before(group.average().f32(), group.average().f32() + group.average().numel());
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto expect_rejected = [&](const std::string& content, const std::string& word) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    try {
+      group.load(path);
+      FAIL() << "expected a rejection mentioning '" << word << "'";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(word), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
+    }
+    for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(group.average().f32()[i], before[i]) << "nothing is lost";
+  };
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x40;
+  expect_rejected(flipped, "checksum");
+  expect_rejected(bytes.substr(0, bytes.size() - 100), "truncated");
+  expect_rejected("not a checkpoint", "magic");
+  {
+    LearnerGroup cnn(models::cnn(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+    cnn.save(path);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string cnn_bytes(std::istreambuf_iterator<char>(in), {});
+  expect_rejected(cnn_bytes, "holds model 'cnn', not 'mlp'");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace quiver

@@ -1,0 +1,98 @@
+#include "runtime/checkpoint.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "runtime/atomic_file.h"
+
+namespace quiver {
+
+namespace {
+
+constexpr const char* kMagic = "QUIVER-CHECKPOINT 1\n";
+
+uint32_t crc_of(const char* data, size_t bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large buffers in pieces.
+  while (bytes > 0) {
+    const uInt piece = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), piece);
+    data += piece, bytes -= piece;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+nlohmann::json layout_json(const ParamStore& layout) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const ParamSlot& slot : layout.slots())
+    params.push_back({{"name", slot.name}, {"shape", slot.shape.dims()}, {"offset", slot.offset}});
+  return params;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const ParamStore& layout, const Tensor& flat, const CheckpointInfo& info) {
+  if (flat.numel() != layout.flat_size())
+    throw Error(cat("checkpoint '", path, "': buffer of ", flat.numel(), " values, the model has ", layout.flat_size()));
+  nlohmann::json header = {{"model", info.model},
+                           {"rounds", info.rounds},
+                           {"epochs_done", info.epochs_done},
+                           {"flat_size", layout.flat_size()},
+                           {"params", layout_json(layout)}};
+  std::string text = kMagic;
+  const std::string header_text = header.dump();
+  const uint64_t header_bytes = header_text.size();
+  text.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
+  text += header_text;
+  text.append(reinterpret_cast<const char*>(flat.f32()), static_cast<size_t>(flat.bytes()));
+  const uint32_t crc = crc_of(text.data(), text.size());
+  text.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  write_file_atomically(path, text, "checkpoint");
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout, const Tensor& flat,
+                               const std::string& model) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(cat("checkpoint '", path, "': cannot open it"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  const size_t magic = std::strlen(kMagic);
+  if (text.size() < magic || text.compare(0, magic, kMagic) != 0)
+    throw Error(cat("checkpoint '", path, "': not a Quiver checkpoint (bad magic)"));
+  uint64_t header_bytes = 0;
+  if (text.size() < magic + sizeof(header_bytes) + sizeof(uint32_t))
+    throw Error(cat("checkpoint '", path, "': truncated (", text.size(), " bytes)"));
+  std::memcpy(&header_bytes, text.data() + magic, sizeof(header_bytes));
+  if (header_bytes > text.size() - magic - sizeof(header_bytes))
+    throw Error(cat("checkpoint '", path, "': truncated (", text.size(), " bytes, a header of ", header_bytes, ")"));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text.substr(magic + sizeof(header_bytes), header_bytes));
+  } catch (const std::exception& error) {
+    throw Error(cat("checkpoint '", path, "': unreadable header (corrupted?): ", error.what()));
+  }
+  if (!header.is_object() || header.value("model", "") != model)
+    throw Error(cat("checkpoint '", path, "': holds model '", header.is_object() ? header.value("model", "") : "?",
+                    "', not '", model, "'"));
+  if (header.value("flat_size", int64_t{-1}) != layout.flat_size() || header.at("params") != layout_json(layout))
+    throw Error(cat("checkpoint '", path, "': its parameters (names, shapes, layout) differ from model '", model, "'"));
+  const size_t data_at = magic + sizeof(header_bytes) + header_bytes;
+  const size_t expected = data_at + static_cast<size_t>(flat.bytes()) + sizeof(uint32_t);
+  if (text.size() != expected)
+    throw Error(cat("checkpoint '", path, "': truncated or the wrong size (", text.size(), " bytes, expected ", expected, ")"));
+  uint32_t stored = 0;
+  std::memcpy(&stored, text.data() + text.size() - sizeof(stored), sizeof(stored));
+  if (crc_of(text.data(), text.size() - sizeof(stored)) != stored)
+    throw Error(cat("checkpoint '", path, "': checksum mismatch (the file is corrupted)"));
+  std::memcpy(flat.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
+  return CheckpointInfo{model, header.value("rounds", int64_t{0}), header.value("epochs_done", int64_t{0})};
+}
+
+}  // namespace quiver
