@@ -34,6 +34,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                                     ? command.threads_per_learner
                                     : std::max(1, command.train.threads / command.learners);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
+  options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   LearnerGroup group(models::by_name(command.model), command.train, options);
   if (!command.resume.empty()) {
     group.load(command.resume);
@@ -41,9 +42,10 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   }
   if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
-              << " threads; add one while samples/s rises by more than 10%), sync sma\n";
+              << " threads; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
   else
-    std::cout << "learners: " << group.learners() << " x " << group.threads_per_learner() << " thread(s), sync sma\n";
+    std::cout << "learners: " << group.learners() << " x " << group.threads_per_learner() << " thread(s), sync "
+              << command.sync << "\n";
   if (!command.quiet) group.on_progress(show_progress);
   TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
   if (live) std::cout << "\n";

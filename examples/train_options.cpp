@@ -72,7 +72,8 @@ std::string train_usage() {
          "                         (default: one model, no SMA)\n"
          "  --threads-per-learner T  threads of each learner (default: the cores split evenly)\n"
          "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
-         "  --sync sma             how learners are kept consistent (sma; ssgd is not built yet)\n"
+         "  --sync sma|ssgd        how learners are kept consistent: sma (default) or synchronous\n"
+         "                         SGD (gradients averaged, one update: k x batch B = batch kB)\n"
          "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
@@ -152,8 +153,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       if (!(alpha >= 0.0 && alpha <= 1.0)) throw Error(cat("--alpha: must be in [0, 1], got '", value, "'"));
       command.alpha = alpha;
     } else if (flag == "--sync") {
-      if (value == "ssgd") throw Error("--sync: synchronous SGD (ssgd) is not built yet; use sma");
-      if (value != "sma") throw Error(cat("--sync: expected sma, got '", value, "'"));
+      if (value != "sma" && value != "ssgd") throw Error(cat("--sync: expected sma or ssgd, got '", value, "'"));
       command.sync = value;
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
@@ -174,6 +174,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   const bool multi = command.learners > 0;
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
+  if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
+  if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
   if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
   if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
   if (command.learners_auto && command.threads_per_learner > 0)

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/batcher.h"
+#include "ops/optimizer.h"
 #include "runtime/checkpoint.h"
 
 namespace quiver {
@@ -39,6 +40,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (options_.max_learners < 1) throw Error(cat("max learners must be >= 1, got ", options.max_learners));
   batch_ = train_.batch;
   features_ = model_.sample_shape.numel();
+  if (options.sync == Sync::Ssgd && train_.optimizer != "sgd")
+    throw Error(cat("synchronous SGD applies momentum SGD; optimizer '", train_.optimizer, "' is not supported with it"));
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   average.threads = options.threads_per_learner;
@@ -51,6 +54,7 @@ void LearnerGroup::build(int learners, int threads_per_learner) {
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
+  replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   std::vector<std::unique_ptr<Learner>> built;
   for (int j = 0; j < learners; ++j) {
@@ -72,6 +76,7 @@ void LearnerGroup::build(int learners, int threads_per_learner) {
   learners_ = std::move(built);
   threads_per_learner_ = threads_per_learner;
   sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
+  if (!ssgd_velocity_.defined()) ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
 }
 
@@ -108,7 +113,10 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
     snapshots.push_back(learner->snapshot);
     loss += learner->loss;
   }
-  sma_->round(params, snapshots, *sync_budget_);
+  if (options_.sync == Sync::Ssgd)
+    ssgd_update();
+  else
+    sma_->round(params, snapshots, *sync_budget_);
   ++rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }
@@ -235,6 +243,25 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
   report.samples_per_second = samples / std::max(report.seconds, 1e-9);
   return report;
+}
+
+// z <- momentum SGD step with the mean of the learners' gradients (the sgd_update op's math),
+// then every replica copies z.
+void LearnerGroup::ssgd_update() {
+  const Tensor& z = average_->params().flat_params();
+  const int64_t n = z.numel();
+  const float lr = static_cast<float>(train_.learning_rate), momentum = static_cast<float>(train_.momentum),
+              decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());
+  float* w = z.f32();
+  float* v = ssgd_velocity_.f32();
+  sync_budget_->parallel_for(n, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float g = 0.0f;
+      for (auto& learner : learners_) g += learner->trainer->params().flat_grads().f32()[i];
+      math::sgd_step(w[i], v[i], g * share, lr, momentum, decay);
+    }
+    for (auto& learner : learners_) std::copy(w + begin, w + end, learner->trainer->params().flat_params().f32() + begin);
+  });
 }
 
 void LearnerGroup::save(const std::string& path) const {

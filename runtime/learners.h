@@ -26,10 +26,16 @@
 
 namespace quiver {
 
+// How learners are kept consistent: SMA (each learner steps on its own, then models are averaged
+// with corrections), or synchronous SGD (the k gradients are averaged and one update is applied
+// to one model that every learner then copies: k learners of batch b = one learner of batch k*b).
+enum class Sync { Sma, Ssgd };
+
 struct LearnerOptions {
   int learners = 2;
   int threads_per_learner = 1;  // each learner's executor gets this many threads
   SmaOptions sma;
+  Sync sync = Sync::Sma;
   // fit(): tune the number of learners while training, starting from one.
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
@@ -101,6 +107,8 @@ class LearnerGroup {
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only
   std::unique_ptr<SmaSync> sma_;
+  Tensor ssgd_velocity_;  // synchronous SGD: the one model's momentum
+  void ssgd_update();
   std::unique_ptr<ThreadBudget> sync_budget_;  // the sync runs between rounds on all learners' threads
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;

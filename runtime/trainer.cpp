@@ -54,11 +54,15 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   PlanOptions plan_options;
   plan_options.threads = options_.threads;
   plan_options.profile = options_.profile;
-  train_plan_ = std::make_unique<Plan>(train_graph_, *store_, std::vector<Value>{loss_, probs_}, plan_options);
+  std::vector<Value> fetches{loss_, probs_};
+  if (!options_.apply_update)  // nothing in-place needs the gradients: fetch them
+    for (const ValueInfo& info : train_graph_.values())
+      if (info.role == ValueRole::ParamGrad && info.producer >= 0) fetches.push_back(Value{info.id});
+  train_plan_ = std::make_unique<Plan>(train_graph_, *store_, fetches, plan_options);
   eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
   images_in_ = train_plan_->input("images");
   labels_in_ = train_plan_->input("labels");
-  learning_rate_in_ = train_plan_->input("learning_rate");
+  if (train_plan_->has_input("learning_rate")) learning_rate_in_ = train_plan_->input("learning_rate");
   if (train_plan_->has_input("step")) step_in_ = train_plan_->input("step");
   if (!options_.policy.empty()) {
     ExecutorOptions executor;
@@ -94,6 +98,7 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
   *loss = loss_outputs[0];
   *probs = loss_outputs[1];
   build_backward(builder, *loss);
+  if (!options_.apply_update) return std::move(builder.graph());
   Value learning_rate = builder.input("learning_rate", Shape{1});
   if (options_.optimizer == "adam") {
     Value step = builder.input("step", Shape{1});
@@ -109,7 +114,7 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
 double Trainer::train_step(const float* images, const int32_t* labels) {
   std::memcpy(images_in_.f32(), images, static_cast<size_t>(images_in_.bytes()));
   std::memcpy(labels_in_.i32(), labels, static_cast<size_t>(labels_in_.bytes()));
-  learning_rate_in_.f32()[0] = static_cast<float>(options_.learning_rate);
+  if (learning_rate_in_.defined()) learning_rate_in_.f32()[0] = static_cast<float>(options_.learning_rate);
   ++steps_done_;
   if (step_in_.defined()) step_in_.f32()[0] = static_cast<float>(steps_done_);
   if (executor_)

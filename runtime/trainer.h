@@ -37,6 +37,9 @@ struct TrainOptions {
   std::string policy = "auto";
   int inter = 1, intra = 1;
   std::string profile_cache;  // auto: profiles cached in this file ("" for none)
+  // false: the step graph computes the loss and the gradients but applies no update (synchronous
+  // SGD averages several learners' gradients and updates once, outside the graph).
+  bool apply_update = true;
   int profile_samples = 5;    // auto: timings per op and thread count
 };
 

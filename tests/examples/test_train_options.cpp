@@ -55,7 +55,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
                       BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},
                       BadFlag{{"--learners", "0"}, "--learners"}, BadFlag{{"--learners", "many"}, "--learners"},
-                      BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--sync", "ssgd"}, "--sync"},
+                      BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--sync", "ssgd", "--alpha", "0.5"}, "--alpha"},
                       BadFlag{{"--sync", "gossip"}, "--sync"}, BadFlag{{"--threads-per-learner", "2"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "4", "--threads-per-learner", "0"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "auto", "--threads-per-learner", "1"}, "--threads-per-learner"},

@@ -289,3 +289,41 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
 
 }  // namespace
 }  // namespace quiver
+
+namespace quiver {
+namespace {
+
+// Synchronous SGD: k learners of batch b average their gradients and apply one momentum SGD
+// step, which is one learner of batch k*b (the loss is a batch mean) up to float rounding.
+TEST(Learners, SynchronousSgdEqualsOneLearnerOfTheCombinedBatch) {
+  Batches data(3 * 8, 31);
+  LearnerOptions options{3, 1, SmaOptions{}};
+  options.sync = Sync::Ssgd;
+  LearnerGroup group(models::mlp(), recipe(), options);
+  TrainOptions big = recipe();
+  big.batch = 24;
+  big.eval_batch = 24;
+  Trainer single(models::mlp(), big);
+  for (int step = 0; step < 5; ++step) {
+    const double group_loss = group.round(data.images.data(), data.labels.data());
+    const double single_loss = single.train_step(data.images.data(), data.labels.data());
+    EXPECT_NEAR(group_loss, single_loss, 1e-5 * std::abs(single_loss)) << "step " << step;
+  }
+  const Tensor& z = group.average();
+  const Tensor& w = single.params().flat_params();
+  ASSERT_EQ(z.numel(), w.numel());
+  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_NEAR(z.f32()[i], w.f32()[i], 1e-5 * std::abs(w.f32()[i]) + 1e-6) << i;
+  for (int j = 0; j < 3; ++j)  // every learner holds the one model
+    for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(group.replica(j).flat_params().f32()[i], z.f32()[i]);
+}
+
+TEST(Learners, SynchronousSgdNeedsSgd) {
+  TrainOptions adam = recipe();
+  adam.optimizer = "adam";
+  LearnerOptions options{2, 1, SmaOptions{}};
+  options.sync = Sync::Ssgd;
+  EXPECT_THROW(LearnerGroup(models::mlp(), adam, options), Error);
+}
+
+}  // namespace
+}  // namespace quiver
