@@ -254,13 +254,19 @@ void LearnerGroup::ssgd_update() {
               decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());
   float* w = z.f32();
   float* v = ssgd_velocity_.f32();
+  std::vector<const float*> grads;  // pointers taken once: the loop below is the hot one
+  std::vector<float*> replicas;
+  for (auto& learner : learners_) {
+    grads.push_back(learner->trainer->params().flat_grads().f32());
+    replicas.push_back(learner->trainer->params().flat_params().f32());
+  }
   sync_budget_->parallel_for(n, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float g = 0.0f;
-      for (auto& learner : learners_) g += learner->trainer->params().flat_grads().f32()[i];
+      for (const float* grad : grads) g += grad[i];
       math::sgd_step(w[i], v[i], g * share, lr, momentum, decay);
     }
-    for (auto& learner : learners_) std::copy(w + begin, w + end, learner->trainer->params().flat_params().f32() + begin);
+    for (float* replica : replicas) std::copy(w + begin, w + end, replica + begin);
   });
 }
 
