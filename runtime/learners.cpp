@@ -238,6 +238,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     if (test) epoch_report.test_accuracy = evaluate(*test);
     report.epochs.push_back(epoch_report);
     ++epochs_done_;
+    if (epoch_done_ && !epoch_done_(epoch_report)) break;
   }
   report.steps = rounds;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;

@@ -71,6 +71,8 @@ class LearnerGroup {
   // `test` after each epoch. Samples/s count every learner's samples.
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
+  // Called after each epoch (evaluation of z included); returning false ends fit() there.
+  void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   // With tune: every configuration measured, in order, and the one kept.
   const std::vector<TunerStep>& tuner_history() const { return history_; }
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
@@ -103,6 +105,7 @@ class LearnerGroup {
   LearnerOptions options_;
   int threads_per_learner_ = 1;
   std::function<void(const Progress&)> progress_;
+  std::function<bool(const EpochReport&)> epoch_done_;
   std::vector<TunerStep> history_;
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only

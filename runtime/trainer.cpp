@@ -177,6 +177,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
     report.final_loss = epoch_report.mean_loss;
     if (test) epoch_report.test_accuracy = evaluate(*test);
     report.epochs.push_back(epoch_report);
+    if (epoch_done_ && !epoch_done_(epoch_report)) break;
   }
   report.steps = global;
   report.seconds = 0.0;

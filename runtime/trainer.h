@@ -83,6 +83,8 @@ class Trainer {
   double train_step(const float* images, const int32_t* labels);
 
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
+  // Called after each epoch (evaluation included); returning false ends fit() there.
+  void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   ParamStore& params() { return *store_; }
   const Graph& train_graph() const { return train_graph_; }
   Plan& train_plan() { return *train_plan_; }
@@ -105,6 +107,7 @@ class Trainer {
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;
   std::function<void(const Progress&)> progress_;
+  std::function<bool(const EpochReport&)> epoch_done_;
 };
 
 }  // namespace quiver

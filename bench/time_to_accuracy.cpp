@@ -1,0 +1,109 @@
+// quiver-bench-time-to-accuracy: wall time until the test accuracy reaches a target, single-stream
+// (one model, all cores, auto policy) vs learners tuned while training (--learners auto, SMA).
+// Rules, the same for both: SGD lr 0.01, momentum 0.9, batch 64 per learner, seed 1, no schedule
+// change; the test set is evaluated after every epoch (evaluation time excluded from the clock);
+// stop at the target or after --max-epochs. Time is training time up to the evaluation that first
+// reached the target.
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "core/error.h"
+#include "models/models.h"
+#include "runtime/atomic_file.h"
+#include "runtime/fashion_mnist.h"
+#include "runtime/learners.h"
+#include "runtime/thread_budget.h"
+#include "runtime/trainer.h"
+
+namespace {
+
+using namespace quiver;
+
+struct Outcome {
+  double seconds = 0.0, accuracy = 0.0;
+  int64_t epochs = 0;
+  bool reached = false;
+};
+
+// Runs fit() epoch by epoch through `on_epoch`, accumulating training time.
+template <typename Engine>
+Outcome run(Engine& engine, const std::function<TrainReport()>& fit, double target, int max_epochs) {
+  Outcome outcome;
+  engine.on_epoch([&](const EpochReport& e) {
+    outcome.seconds += e.seconds;
+    outcome.accuracy = e.test_accuracy;
+    outcome.epochs = e.epoch;
+    outcome.reached = e.test_accuracy >= target;
+    std::printf("    epoch %lld: %.2f%% (%.1f s of training so far)\n", static_cast<long long>(e.epoch),
+                100.0 * e.test_accuracy, outcome.seconds);
+    std::fflush(stdout);
+    return !outcome.reached && e.epoch < max_epochs;
+  });
+  fit();
+  return outcome;
+}
+
+std::string cell(const Outcome& o) {
+  return o.reached ? cat(static_cast<int>(o.seconds * 10) / 10.0, " s (", o.epochs, " ep)")
+                   : cat("not reached in ", o.epochs, " ep (", static_cast<int>(o.accuracy * 1000) / 10.0, "%)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> names = {"mlp", "cnn", "lstm"};
+  int max_epochs = 10;
+  std::string output;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string flag = argv[i];
+      if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
+      std::string value = argv[++i];
+      if (flag == "--models") {
+        names = bench::split(value);
+        for (const std::string& m : names) models::by_name(m);
+      } else if (flag == "--max-epochs") {
+        max_epochs = bench::to_int(flag, value);
+      } else if (flag == "--output") {
+        output = value;
+      } else {
+        throw Error(cat("unknown option '", flag, "' (--models --max-epochs --output)"));
+      }
+    }
+    const std::string dir = default_fashion_mnist_dir();
+    Dataset train = load_fashion_mnist(dir, Split::Train), test = load_fashion_mnist(dir, Split::Test);
+    std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |\n|---|---|---|---|---|---|\n";
+    for (const std::string& name : names) {
+      const double target = name == "mlp" ? 0.85 : name == "cnn" ? 0.86 : 0.80;
+      TrainOptions options;
+      options.threads = available_cores();
+      options.epochs = max_epochs;
+      std::printf("%s, target %.0f%%: single-stream\n", name.c_str(), 100 * target);
+      Trainer single(models::by_name(name), options);
+      Outcome one = run(single, [&] { return single.fit(train, &test); }, target, max_epochs);
+      std::printf("%s: learners auto\n", name.c_str());
+      LearnerOptions learners;
+      learners.learners = 1;
+      learners.threads_per_learner = available_cores();
+      learners.tune = true;
+      LearnerGroup group(models::by_name(name), options, learners);
+      Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, max_epochs);
+      const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
+      std::string row = cat("| ", name, " | ", 100 * target, "% | ", cell(one), " | ", cell(many), " | ", chosen.learners,
+                            " x ", chosen.threads_per_learner, " | ",
+                            one.reached && many.reached ? cat(static_cast<int>(100 * one.seconds / many.seconds) / 100.0) : "-",
+                            " |\n");
+      table += row;
+      std::printf("%s", row.c_str());
+    }
+    std::printf("%s", table.c_str());
+    if (!output.empty()) write_file_atomically(output, table, "results");
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-time-to-accuracy: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
