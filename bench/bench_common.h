@@ -11,6 +11,8 @@
 
 #include "core/error.h"
 #include "core/nn.h"
+#include "models/models.h"
+#include "runtime/thread_budget.h"
 
 namespace quiver::bench {
 
@@ -36,6 +38,39 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The options the benchmark grids share (models x batches, timed in rounds after a warm-up).
+struct GridOptions {
+  std::vector<std::string> models = {"mlp", "cnn", "lstm"};
+  std::vector<int64_t> batches = {16, 64, 256};
+  int threads = available_cores();
+  int warmup = 40, steps = 20, runs = 5;
+  std::string output;  // markdown table, written atomically
+};
+
+// Applies `flag value` when it is one of GridOptions' flags; false when it is not.
+inline bool parse_grid_flag(const std::string& flag, const std::string& value, GridOptions& o) {
+  if (flag == "--models") {
+    o.models = split(value);
+    for (const std::string& m : o.models) models::by_name(m);
+  } else if (flag == "--batches") {
+    o.batches.clear();
+    for (const std::string& b : split(value)) o.batches.push_back(to_int(flag, b));
+  } else if (flag == "--threads") {
+    o.threads = to_int(flag, value);
+  } else if (flag == "--warmup") {
+    o.warmup = to_int(flag, value);
+  } else if (flag == "--steps") {
+    o.steps = to_int(flag, value);
+  } else if (flag == "--runs") {
+    o.runs = to_int(flag, value);
+  } else if (flag == "--output") {
+    o.output = value;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 // `pool` batches of uniform pixels and random labels for `spec`, cycled through by step().

@@ -23,13 +23,9 @@ namespace {
 
 using namespace quiver;
 
-struct Options {
-  std::vector<std::string> models = {"mlp", "cnn", "lstm"};
-  std::vector<int64_t> batches = {16, 64};
+struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
-  int threads = available_cores();
-  int warmup = 40, steps = 20, runs = 5;
-  std::string output;
+  Options() { batches = {16, 64}; }
 };
 
 Options parse(int argc, char** argv) {
@@ -38,28 +34,11 @@ Options parse(int argc, char** argv) {
     std::string flag = argv[i];
     if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
     std::string value = argv[++i];
-    if (flag == "--models") {
-      o.models = bench::split(value);
-      for (const std::string& m : o.models) models::by_name(m);
-    } else if (flag == "--batches") {
-      o.batches.clear();
-      for (const std::string& b : bench::split(value)) o.batches.push_back(bench::to_int(flag, b));
-    } else if (flag == "--learners") {
-      o.learners.clear();
-      for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
-    } else if (flag == "--threads") {
-      o.threads = bench::to_int(flag, value);
-    } else if (flag == "--warmup") {
-      o.warmup = bench::to_int(flag, value);
-    } else if (flag == "--steps") {
-      o.steps = bench::to_int(flag, value);
-    } else if (flag == "--runs") {
-      o.runs = bench::to_int(flag, value);
-    } else if (flag == "--output") {
-      o.output = value;
-    } else {
+    if (bench::parse_grid_flag(flag, value, o)) continue;
+    if (flag != "--learners")
       throw Error(cat("unknown option '", flag, "' (--models --batches --learners --threads --warmup --steps --runs --output)"));
-    }
+    o.learners.clear();
+    for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
   }
   return o;
 }

@@ -24,12 +24,8 @@ namespace {
 
 using namespace quiver;
 
-struct Options {
-  std::vector<std::string> models = {"mlp", "cnn", "lstm"};
-  std::vector<int64_t> batches = {16, 64, 256};
-  int threads = available_cores();
-  int warmup = 40, steps = 50, runs = 5;
-  std::string output;
+struct Options : bench::GridOptions {
+  Options() { steps = 50; }
 };
 
 Options parse(int argc, char** argv) {
@@ -37,26 +33,8 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
-    std::string value = argv[++i];
-    if (flag == "--models") {
-      o.models = bench::split(value);
-      for (const std::string& m : o.models) models::by_name(m);
-    } else if (flag == "--batches") {
-      o.batches.clear();
-      for (const std::string& b : bench::split(value)) o.batches.push_back(bench::to_int(flag, b));
-    } else if (flag == "--threads") {
-      o.threads = bench::to_int(flag, value);
-    } else if (flag == "--warmup") {
-      o.warmup = bench::to_int(flag, value);
-    } else if (flag == "--steps") {
-      o.steps = bench::to_int(flag, value);
-    } else if (flag == "--runs") {
-      o.runs = bench::to_int(flag, value);
-    } else if (flag == "--output") {
-      o.output = value;
-    } else {
+    if (!bench::parse_grid_flag(flag, argv[++i], o))
       throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --output)"));
-    }
   }
   return o;
 }

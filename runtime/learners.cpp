@@ -13,10 +13,10 @@
 namespace quiver {
 
 int64_t learner_bytes(const Trainer& replica) {
-  const int64_t parameters = const_cast<Trainer&>(replica).params().flat_size() * 4;
+  const int64_t parameters = replica.params().flat_size() * 4;
   // parameters, gradients, momentum (or two Adam moments) and the snapshot
   const int64_t buffers = replica.options().optimizer == "adam" ? 5 : 4;
-  return buffers * parameters + const_cast<Trainer&>(replica).train_plan().activation_bytes();
+  return buffers * parameters + replica.train_plan().activation_bytes();
 }
 
 int64_t available_memory_bytes() {

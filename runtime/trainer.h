@@ -86,8 +86,10 @@ class Trainer {
   // Called after each epoch (evaluation included); returning false ends fit() there.
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   ParamStore& params() { return *store_; }
+  const ParamStore& params() const { return *store_; }
   const Graph& train_graph() const { return train_graph_; }
   Plan& train_plan() { return *train_plan_; }
+  const Plan& train_plan() const { return *train_plan_; }
   const TrainOptions& options() const { return options_; }
   // The executor running the training plan; nullptr when the policy is empty (Plan::run).
   const Executor* executor() const { return executor_.get(); }
