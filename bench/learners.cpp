@@ -4,6 +4,8 @@
 // `steps` steps (rounds) of every configuration in turn, so drift on a shared machine hits all
 // alike; medians over rounds, ratios to single-stream. Threads: a learner gets cores / k threads
 // (at least one); with more learners than cores the learners share cores through the OS.
+// --device cuda[:N]: the same comparison on a GPU, a learner being one CUDA stream (single-stream:
+// one learner, one stream), SMA on a sync stream ordered by events.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -25,6 +27,7 @@ using namespace quiver;
 
 struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
+  Device device;
   Options() { batches = {16, 64}; }
 };
 
@@ -35,8 +38,13 @@ Options parse(int argc, char** argv) {
     if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
     std::string value = argv[++i];
     if (bench::parse_grid_flag(flag, value, o)) continue;
+    if (flag == "--device") {
+      o.device = Device::parse(value);
+      continue;
+    }
     if (flag != "--learners")
-      throw Error(cat("unknown option '", flag, "' (--models --batches --learners --threads --warmup --steps --runs --output)"));
+      throw Error(cat("unknown option '", flag,
+                      "' (--models --batches --learners --device --threads --warmup --steps --runs --output)"));
     o.learners.clear();
     for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
   }
@@ -58,9 +66,11 @@ int main(int argc, char** argv) {
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
   for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
   std::string table = header + "\n" + rule + "\n";
-  std::printf("# training samples/s, k learners with SMA vs single-stream (one learner, %d threads, auto policy); "
+  const std::string single = o.device.is_cpu() ? cat("one learner, ", o.threads, " threads, auto policy")
+                                                : cat("one learner, one CUDA stream on ", o.device.str());
+  std::printf("# training samples/s, k learners with SMA vs single-stream (%s); "
               "median of %d rounds of %d steps after %d warm-up steps\n%s",
-              o.threads, o.runs, o.steps, o.warmup, table.c_str());
+              single.c_str(), o.runs, o.steps, o.warmup, table.c_str());
   std::fflush(stdout);
   try {
     for (const std::string& model : o.models)
@@ -72,6 +82,7 @@ int main(int argc, char** argv) {
         train.eval_batch = 1;
         train.threads = o.threads;
         train.profile_cache = "";
+        train.device = o.device;
         Trainer single(models::by_name(model), train);
         std::vector<std::unique_ptr<LearnerGroup>> groups;
         for (int k : o.learners)

@@ -40,7 +40,16 @@ OpRegistry& OpRegistry::global() {
 
 void OpRegistry::add(OpDef def) {
   if (has(def.kind)) throw Error(cat("op '", def.kind, "' is registered twice"));
+  std::string kind = def.kind;
   defs_.push_back(std::move(def));
+  std::vector<Pending> waiting;
+  waiting.swap(pending_);
+  for (Pending& pending : waiting) {
+    if (pending.kind == kind)
+      add_kernel(kind, std::move(pending.impl), pending.prefer);
+    else
+      pending_.push_back(std::move(pending));
+  }
 }
 
 void OpRegistry::add_kernel(const std::string& kind, KernelImpl impl, bool prefer) {
@@ -50,7 +59,13 @@ void OpRegistry::add_kernel(const std::string& kind, KernelImpl impl, bool prefe
       def.kernels.insert(position, std::move(impl));
       return;
     }
-  throw Error(cat("cannot add kernel '", impl.name, "' to unknown op '", kind, "'"));
+  pending_.push_back({kind, std::move(impl), prefer});
+}
+
+std::vector<std::string> OpRegistry::orphan_kernel_kinds() const {
+  std::vector<std::string> kinds;
+  for (const Pending& pending : pending_) kinds.push_back(pending.kind);
+  return kinds;
 }
 
 const OpDef& OpRegistry::get(const std::string& kind) const {

@@ -115,13 +115,23 @@ class OpRegistry {
  public:
   static OpRegistry& global();
   void add(OpDef def);                                    // a kind registers once
+  // A kernel for a kind not registered yet waits until it is: op files and backend files (cuda/)
+  // register from static initialisers whose order across files is unspecified.
   void add_kernel(const std::string& kind, KernelImpl impl, bool prefer = false);
   const OpDef& get(const std::string& kind) const;       // throws for an unknown kind
   bool has(const std::string& kind) const;
   std::vector<std::string> kinds() const;
+  // Kinds that have kernels waiting but were never registered (a misspelt kind in a backend).
+  std::vector<std::string> orphan_kernel_kinds() const;
 
  private:
+  struct Pending {
+    std::string kind;
+    KernelImpl impl;
+    bool prefer;
+  };
   std::vector<OpDef> defs_;
+  std::vector<Pending> pending_;
 };
 
 // Each op file registers itself at load time: `static const bool registered = register_op(...)`.

@@ -39,6 +39,10 @@ struct Device {
   DeviceKind kind = DeviceKind::CPU;
   int index = 0;
   static Device cpu() { return {}; }
+  static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
+  // "cpu", "cuda" (device 0) or "cuda:N"; throws quiver::Error naming the text otherwise.
+  static Device parse(const std::string& text);
+  bool is_cpu() const { return kind == DeviceKind::CPU; }
   bool operator==(const Device& other) const = default;
   std::string str() const;
 };

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace quiver {
@@ -12,24 +13,37 @@ namespace {
 constexpr int64_t kAlignment = 64;
 }
 
-Storage::Storage(int64_t bytes) : bytes_(bytes) {
+Storage::Storage(int64_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (!device.is_cpu()) {
+    data_ = backend_for(device).allocate(device.index, std::max<int64_t>(bytes, kAlignment));
+    return;
+  }
   int64_t rounded = std::max<int64_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
   data_ = std::aligned_alloc(kAlignment, static_cast<size_t>(rounded));
   if (!data_) throw Error(cat("out of memory allocating ", bytes, " bytes"));
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (device_.is_cpu()) {
+    std::free(data_);
+  } else if (DeviceBackend* backend = device_backend(device_.kind)) {
+    backend->release(device_.index, data_, std::max<int64_t>(bytes_, kAlignment));
+  }
+}
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DType dtype)
     : storage_(std::move(storage)), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  return Tensor(std::make_shared<Storage>(shape.numel() * size_of(dtype)), 0, shape, dtype);
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return Tensor(std::make_shared<Storage>(shape.numel() * size_of(dtype), device), 0, shape, dtype);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor tensor = empty(shape, dtype);
-  std::memset(tensor.raw(), 0, static_cast<size_t>(tensor.bytes()));
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor tensor = empty(shape, dtype, device);
+  if (device.is_cpu())
+    std::memset(tensor.raw(), 0, static_cast<size_t>(tensor.bytes()));
+  else
+    tensor.fill(0.0f);
   return tensor;
 }
 
@@ -51,6 +65,17 @@ Tensor Tensor::slice(int64_t offset, const Shape& shape) const {
 }
 
 void Tensor::fill(float value) const {
+  if (!device().is_cpu()) {
+    if (dtype_ == DType::F32) {
+      backend_for(device()).fill(raw(), device().index, value, numel());
+    } else {
+      int32_t as_int = static_cast<int32_t>(value);
+      float bits;
+      std::memcpy(&bits, &as_int, sizeof bits);
+      backend_for(device()).fill(raw(), device().index, bits, numel());
+    }
+    return;
+  }
   if (dtype_ == DType::F32) {
     std::fill_n(f32(), numel(), value);
   } else {
@@ -62,7 +87,19 @@ void Tensor::copy_from(const Tensor& src) const {
   if (src.numel() != numel() || src.dtype() != dtype_)
     throw Error(cat("copy: ", src.shape().str(), " ", name_of(src.dtype()), " into ", shape_.str(),
                     " ", name_of(dtype_)));
-  std::memcpy(raw(), src.raw(), static_cast<size_t>(bytes()));
+  if (device().is_cpu() && src.device().is_cpu()) {
+    std::memcpy(raw(), src.raw(), static_cast<size_t>(bytes()));
+    return;
+  }
+  Device remote = device().is_cpu() ? src.device() : device();
+  backend_for(remote).copy(raw(), device(), src.raw(), src.device(), bytes());
+}
+
+Tensor Tensor::to_cpu() const {
+  if (device().is_cpu()) return *this;
+  Tensor copy = empty(shape_, dtype_);
+  copy.copy_from(*this);
+  return copy;
 }
 
 }  // namespace quiver

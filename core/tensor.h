@@ -1,4 +1,6 @@
-// Tensor: a typed, shaped view of shared storage. Storage is 64-byte aligned CPU memory; views
+// Tensor: a typed, shaped view of shared storage. Storage is 64-byte aligned CPU memory, or device
+// memory from the device's backend (core/device.h); data pointers of a device tensor are device
+// pointers, meaningful to that device's kernels only. Views
 // (reshape, a slice of a flat parameter buffer) share it, so a replica's parameters can be one
 // allocation with a tensor per parameter. Tensors carry no autograd state: gradients are graph
 // values, not tensor fields.
@@ -13,23 +15,25 @@ namespace quiver {
 
 class Storage {
  public:
-  explicit Storage(int64_t bytes);
+  explicit Storage(int64_t bytes, Device device = Device::cpu());
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
 
  private:
   void* data_ = nullptr;
   int64_t bytes_ = 0;
+  Device device_;
 };
 
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   // A view of `storage` starting `offset` elements in; the caller guarantees it fits.
   Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DType dtype);
 
@@ -38,6 +42,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   int64_t numel() const { return shape_.numel(); }
   int64_t bytes() const { return numel() * size_of(dtype_); }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
   // Same storage, another shape with the same element count.
   Tensor view(const Shape& shape) const;
@@ -48,8 +53,11 @@ class Tensor {
   int32_t* i32() const { return static_cast<int32_t*>(raw()); }
   void* raw() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Both work across devices (synchronously, through the device's backend).
   void fill(float value) const;
   void copy_from(const Tensor& src) const;
+  // A CPU copy of this tensor (itself when it is on the CPU already).
+  Tensor to_cpu() const;
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -35,12 +35,16 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                                     : std::max(1, command.train.threads / command.learners);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
+  options.devices = command.gpus;
   LearnerGroup group(models::by_name(command.model), command.train, options);
   if (!command.resume.empty()) {
     group.load(command.resume);
     std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds done)\n";
   }
-  if (command.learners_auto)
+  if (command.learners_auto && !command.train.device.is_cpu())
+    std::cout << "learners: auto (start with 1 learner = 1 CUDA stream on " << command.train.device.str()
+              << "; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
+  else if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
               << " threads; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
   else
@@ -59,7 +63,9 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     for (size_t i = 0; i + 1 < history.size(); ++i)
       std::printf("  %d learner(s) x %d thread(s): %.0f samples/s%s\n", history[i].learners,
                   history[i].threads_per_learner, history[i].samples_per_second,
-                  i == 0 ? "  (single-stream: one learner, all cores)" : "");
+                  i != 0                               ? ""
+                  : command.train.device.is_cpu() ? "  (single-stream: one learner, all cores)"
+                                                  : "  (single-stream: one learner, one CUDA stream)");
     const TunerStep& chosen = history.back();
     std::printf("chose %d learner(s) x %d thread(s): %.0f samples/s, %.2fx single-stream\n", chosen.learners,
                 chosen.threads_per_learner, chosen.samples_per_second,
@@ -94,9 +100,13 @@ int main(int argc, char** argv) {
     Dataset train = load_fashion_mnist(dir, Split::Train);
     Dataset test = load_fashion_mnist(dir, Split::Test);
     const TrainOptions& o = command.train;
-    std::cout << "quiver-train: model " << command.model << ", batch " << o.batch << ", "
-              << o.threads << " thread(s), policy " << o.policy;
-    if (o.policy == "fixed") std::cout << " " << o.inter << "x" << o.intra;
+    std::cout << "quiver-train: model " << command.model << ", batch " << o.batch << ", ";
+    if (o.device.is_cpu()) {
+      std::cout << o.threads << " thread(s), policy " << o.policy;
+      if (o.policy == "fixed") std::cout << " " << o.inter << "x" << o.intra;
+    } else {
+      std::cout << "device " << o.device.str() << " (kernels in order on each learner's stream)";
+    }
     std::cout << ", " << o.optimizer << " lr " << o.learning_rate
               << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";

@@ -46,12 +46,16 @@ double parse_positive(const std::string& flag, const std::string& text) {
 
 std::string train_usage() {
   return "usage: quiver-train [options]\n"
-         "Train a bundled model on Fashion-MNIST on the CPU.\n\n"
+         "Train a bundled model on Fashion-MNIST on the CPU or a CUDA GPU.\n\n"
          "  --model mlp|cnn|lstm   model to train (default mlp)\n"
          "  --epochs N             passes over the training set (default 1)\n"
          "  --max-steps N          stop after N steps in all (default 0: no limit)\n"
          "  --batch B              batch size (default 64)\n"
          "  --threads T            threads (default: all available cores)\n"
+         "  --device D             cpu (default), cuda or cuda:N; on cuda every learner is a\n"
+         "                         CUDA stream and --policy/--threads do not apply\n"
+         "  --gpus N               with --device cuda and --learners: spread the learners over\n"
+         "                         N GPUs from the given one on (SMA all-reduced with NCCL)\n"
          "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
          "  --lr X                 learning rate (default 0.01)\n"
          "  --momentum X           SGD momentum (default 0.9)\n"
@@ -128,6 +132,14 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.momentum = momentum;
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
+    } else if (flag == "--device") {
+      try {
+        command.train.device = Device::parse(value);
+      } catch (const Error& error) {
+        throw Error(cat("--device: ", error.what()));
+      }
+    } else if (flag == "--gpus") {
+      command.gpus = static_cast<int>(parse_int(flag, value, 1, 64));
     } else if (flag == "--policy") {
       if (value != "auto" && value != "serial" && value != "intra" && value != "fixed")
         throw Error(cat("--policy: expected auto, serial, intra or fixed, got '", value, "'"));
@@ -172,6 +184,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     }
   }
   const bool multi = command.learners > 0;
+  if (command.gpus > 1 && command.train.device.is_cpu()) throw Error("--gpus: only with --device cuda");
+  if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");

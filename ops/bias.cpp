@@ -1,6 +1,7 @@
 #include "ops/bias.h"
 
 #include "core/builder.h"
+#include "ops/elementwise.h"
 #include "ops/kernel_util.h"
 
 namespace quiver {
@@ -48,7 +49,7 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
         float value = bias[row % g.channels];
         const float* in = src + row * g.inner;
         float* out = dst + row * g.inner;
-        for (int64_t i = 0; i < g.inner; ++i) out[i] = in[i] + value;
+        for (int64_t i = 0; i < g.inner; ++i) out[i] = math::add(in[i], value);
       }
     });
   };

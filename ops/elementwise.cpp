@@ -67,12 +67,12 @@ std::function<void(GradContext&)> activation_backward(const std::string& grad_op
 }
 
 const bool registered = [] {
-  register_elementwise("add", true, binary_kernel([](float a, float b) { return a + b; }),
+  register_elementwise("add", true, binary_kernel([](float a, float b) { return math::add(a, b); }),
                        [](GradContext& ctx) {
                          ctx.set_input_grad(0, ctx.output_grad(0));
                          ctx.set_input_grad(1, ctx.output_grad(0));
                        });
-  register_elementwise("mul", true, binary_kernel([](float a, float b) { return a * b; }),
+  register_elementwise("mul", true, binary_kernel([](float a, float b) { return math::mul(a, b); }),
                        [](GradContext& ctx) {
                          GraphBuilder& b = ctx.builder();
                          ctx.set_input_grad(0, b.mul(ctx.output_grad(0), ctx.input(1), ctx.name("lhs")));
@@ -81,7 +81,7 @@ const bool registered = [] {
   register_elementwise("relu", false, unary_kernel([](float x) { return math::relu(x); }), activation_backward("relu_grad"));
   register_elementwise("sigmoid", false, unary_kernel([](float x) { return math::sigmoid(x); }),
                        activation_backward("sigmoid_grad"));
-  register_elementwise("tanh", false, unary_kernel([](float x) { return std::tanh(x); }),
+  register_elementwise("tanh", false, unary_kernel([](float x) { return math::tanh(x); }),
                        activation_backward("tanh_grad"));
   register_elementwise("relu_grad", true, binary_kernel([](float dy, float y) { return math::relu_grad(dy, y); }), nullptr);
   register_elementwise("sigmoid_grad", true, binary_kernel([](float dy, float y) { return math::sigmoid_grad(dy, y); }), nullptr);

@@ -10,8 +10,11 @@
 namespace quiver::math {
 
 // NaN passes through, as in other frameworks, so a diverged run is seen rather than hidden.
+QUIVER_HD inline float add(float a, float b) { return a + b; }
+QUIVER_HD inline float mul(float a, float b) { return a * b; }
 QUIVER_HD inline float relu(float x) { return x < 0.0f ? 0.0f : x; }
 QUIVER_HD inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+QUIVER_HD inline float tanh(float x) { return std::tanh(x); }
 // Gradients through the forward output y: they need no saved input.
 QUIVER_HD inline float relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
 QUIVER_HD inline float sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }

@@ -47,11 +47,11 @@ KernelFn prepare(const KernelSpec& spec) {
       for (int64_t c = 1; c < classes; ++c) max_logit = std::max(max_logit, row[c]);
       double sum = 0.0;
       for (int64_t c = 0; c < classes; ++c) {
-        p[c] = std::exp(row[c] - max_logit);
+        p[c] = math::softmax_shifted_exp(row[c], max_logit);
         sum += p[c];
       }
-      for (int64_t c = 0; c < classes; ++c) p[c] = static_cast<float>(p[c] / sum);
-      total += std::log(sum) + max_logit - row[labels[b]];
+      for (int64_t c = 0; c < classes; ++c) p[c] = math::softmax_normalize(p[c], sum);
+      total += math::softmax_cross_entropy_row(sum, max_logit, row[labels[b]]);
     }
     loss[0] = static_cast<float>(total / static_cast<double>(batch));
   };
@@ -68,7 +68,7 @@ KernelFn prepare_grad(const KernelSpec& spec) {
     for (int64_t b = 0; b < batch; ++b) {
       check_label(call, labels[b], classes, b);
       for (int64_t c = 0; c < classes; ++c)
-        dlogits[b * classes + c] = (probs[b * classes + c] - (c == labels[b] ? 1.0f : 0.0f)) * scale;
+        dlogits[b * classes + c] = math::softmax_cross_entropy_grad(probs[b * classes + c], c == labels[b], scale);
     }
   };
 }

@@ -50,7 +50,8 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
   const uint64_t header_bytes = header_text.size();
   text.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
   text += header_text;
-  text.append(reinterpret_cast<const char*>(flat.f32()), static_cast<size_t>(flat.bytes()));
+  const Tensor host = flat.to_cpu();  // a device model is copied out first
+  text.append(reinterpret_cast<const char*>(host.f32()), static_cast<size_t>(host.bytes()));
   const uint32_t crc = crc_of(text.data(), text.size());
   text.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
   write_file_atomically(path, text, "checkpoint");
@@ -91,7 +92,13 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   std::memcpy(&stored, text.data() + text.size() - sizeof(stored), sizeof(stored));
   if (crc_of(text.data(), text.size() - sizeof(stored)) != stored)
     throw Error(cat("checkpoint '", path, "': checksum mismatch (the file is corrupted)"));
-  std::memcpy(flat.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
+  if (flat.device().is_cpu()) {
+    std::memcpy(flat.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
+  } else {
+    Tensor host = Tensor::empty(flat.shape(), DType::F32);
+    std::memcpy(host.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
+    flat.copy_from(host);
+  }
   return CheckpointInfo{model, header.value("rounds", int64_t{0}), header.value("epochs_done", int64_t{0})};
 }
 

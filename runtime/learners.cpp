@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "runtime/batcher.h"
 #include "ops/optimizer.h"
@@ -36,15 +37,26 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     throw Error(cat("threads per learner: need at least 1, got ", options.threads_per_learner));
   if (!(options.tune_threshold > 0.0)) throw Error(cat("tune threshold must be > 0, got ", options.tune_threshold));
   if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
-  if (options.max_learners == 0) options_.max_learners = 2 * available_cores();
+  // Default ceiling: twice the cores on the CPU; 8 streams per GPU (Crossbow's range) on CUDA.
+  if (options.max_learners == 0)
+    options_.max_learners = train_.device.is_cpu() ? 2 * available_cores() : 8 * std::max(1, options.devices);
   if (options_.max_learners < 1) throw Error(cat("max learners must be >= 1, got ", options.max_learners));
   batch_ = train_.batch;
   features_ = model_.sample_shape.numel();
+  if (options.sync == Sync::Ssgd && !train_.device.is_cpu())
+    throw Error(cat("synchronous SGD runs on the CPU only; use --sync sma on ", train_.device.str()));
   if (options.sync == Sync::Ssgd && train_.optimizer != "sgd")
     throw Error(cat("synchronous SGD applies momentum SGD; optimizer '", train_.optimizer, "' is not supported with it"));
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   average.threads = options.threads_per_learner;
+  if (options.devices < 1) throw Error(cat("devices: need at least 1, got ", options.devices));
+  if (train_.device.is_cpu() && options.devices != 1)
+    throw Error(cat("devices: ", options.devices, " devices asked for, but the learners are on the CPU"));
+  for (int d = 0; d < options.devices; ++d) {
+    devices_.push_back(Device{train_.device.kind, train_.device.index + d});
+    if (!train_.device.is_cpu()) backend_for(devices_.back());  // throws for a device that does not exist
+  }
   average_ = std::make_unique<Trainer>(model_, average);
   build(options.learners, options.threads_per_learner);
 }
@@ -52,31 +64,43 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
 void LearnerGroup::build(int learners, int threads_per_learner) {
   if (learners < 1 || threads_per_learner < 1)
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
+  if (learners < static_cast<int>(devices_.size()))
+    throw Error(cat("learners: ", learners, " learner(s) cannot cover ", devices_.size(), " devices"));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   std::vector<std::unique_ptr<Learner>> built;
+  const int per_device = (learners + static_cast<int>(devices_.size()) - 1) / static_cast<int>(devices_.size());
   for (int j = 0; j < learners; ++j) {
     auto learner = std::make_unique<Learner>();
+    replica.device = devices_[j % devices_.size()];
     learner->trainer = std::make_unique<Trainer>(model_, replica);
-    if (j == 0) {
-      const int64_t need = learners * learner_bytes(*learner->trainer);
-      const int64_t have = available_memory_bytes();
+    if (j < static_cast<int>(devices_.size())) {
+      // The first replica on a device exists already: the others need their share of what is left.
+      const Device device = replica.device;
+      const int64_t need = (per_device - 1) * learner_bytes(*learner->trainer);
+      const int64_t have = device.is_cpu() ? available_memory_bytes() : backend_for(device).free_memory(device.index);
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        need >> 20, " MiB, only ", have >> 20, " MiB are available"));
+                        (need + learner_bytes(*learner->trainer)) >> 20, " MiB on ", device.str(), ", only ",
+                        have >> 20, " MiB are available there"));
     }
+    drain();
     const Tensor& z = average_->params().flat_params();
     const Tensor& w = learner->trainer->params().flat_params();
-    std::copy_n(z.f32(), z.numel(), w.f32());  // every replica starts from the average model
-    learner->snapshot = Tensor::zeros(w.shape(), DType::F32);
+    w.copy_from(z);  // every replica starts from the average model
+    learner->snapshot = Tensor::zeros(w.shape(), DType::F32, train_.device);
     built.push_back(std::move(learner));
   }
   learners_ = std::move(built);
   threads_per_learner_ = threads_per_learner;
-  sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
-  if (!ssgd_velocity_.defined()) ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
+  if (train_.device.is_cpu())
+    sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
+  else
+    device_sma_ = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
+  if (!ssgd_velocity_.defined() && options_.sync == Sync::Ssgd)
+    ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
 }
 
@@ -84,7 +108,7 @@ void LearnerGroup::resize(int learners, int threads_per_learner) { build(learner
 
 LearnerGroup::~LearnerGroup() = default;
 
-const Tensor& LearnerGroup::average() const { return sma_->average(); }
+const Tensor& LearnerGroup::average() const { return average_->params().flat_params(); }
 
 double LearnerGroup::round(const float* images, const int32_t* labels) {
   for (size_t j = 0; j < learners_.size(); ++j) {
@@ -92,8 +116,7 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
     const float* batch_images = images + static_cast<int64_t>(j) * batch_ * features_;
     const int32_t* batch_labels = labels + static_cast<int64_t>(j) * batch_;
     learner.stream.submit([&learner, batch_images, batch_labels] {
-      const Tensor& params = learner.trainer->params().flat_params();
-      std::copy_n(params.f32(), params.numel(), learner.snapshot.f32());
+      learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
       learner.loss = learner.trainer->train_step(batch_images, batch_labels);
     });
   }
@@ -113,20 +136,35 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
     snapshots.push_back(learner->snapshot);
     loss += learner->loss;
   }
-  if (options_.sync == Sync::Ssgd)
+  if (options_.sync == Sync::Ssgd) {
     ssgd_update();
-  else
+  } else if (device_sma_) {
+    std::vector<const ExecContext*> streams;
+    for (auto& learner : learners_) streams.push_back(&learner->trainer->train_plan().context());
+    device_sma_->round(streams, params, snapshots);
+  } else {
     sma_->round(params, snapshots, *sync_budget_);
+  }
   ++rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }
 
-double LearnerGroup::evaluate(const Dataset& data) { return average_->evaluate(data); }
+double LearnerGroup::evaluate(const Dataset& data) {
+  if (device_sma_) device_sma_->order_before(average_->train_plan().context());
+  return average_->evaluate(data);
+}
+
+void LearnerGroup::drain() {
+  if (device_sma_) device_sma_->drain();
+}
 
 void LearnerGroup::reset_replicas() {
   std::vector<Tensor> params;
   for (auto& learner : learners_) params.push_back(learner->trainer->params().flat_params());
-  sma_->reset_replicas(params);
+  if (device_sma_)
+    device_sma_->reset_replicas(params);
+  else
+    sma_->reset_replicas(params);
 }
 
 TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds) {
@@ -148,7 +186,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // Tuner state: the configuration being measured, its rounds so far, and the best one.
   const int cores = available_cores();
   bool tuning = options_.tune;
-  if (tuning && (learners() != 1 || threads_per_learner_ != cores)) resize(1, cores);
+  // One learner per device to start, and one more per device at each step (1 on the CPU).
+  const int tuner_step = static_cast<int>(devices_.size());
+  if (tuning && (learners() != tuner_step || threads_per_learner_ != cores)) resize(tuner_step, cores);
   TunerStep best;
   int64_t measured_rounds = 0, warmup_rounds = 0;
   int64_t measured_samples = 0;
@@ -201,9 +241,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
               best.learners == 0 || step.samples_per_second > best.samples_per_second * (1.0 + options_.tune_threshold);
           if (better) best = step;
           bool grown = false;
-          if (better && k < options_.max_learners) {
+          if (better && k + tuner_step <= options_.max_learners) {
             try {
-              resize(k + 1, std::max(1, cores / (k + 1)));  // refused when it would not fit in memory
+              resize(k + tuner_step, std::max(1, cores / (k + tuner_step)));  // refused when it would not fit in memory
               grown = true;
               start_measuring();
             } catch (const Error&) {
@@ -272,7 +312,8 @@ void LearnerGroup::ssgd_update() {
 }
 
 void LearnerGroup::save(const std::string& path) const {
-  save_checkpoint(path, average_->params(), sma_->average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
+  if (device_sma_) device_sma_->drain();
+  save_checkpoint(path, average_->params(), average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
 }
 
 void LearnerGroup::load(const std::string& path) {
@@ -280,7 +321,8 @@ void LearnerGroup::load(const std::string& path) {
   const Tensor& z = average_->params().flat_params();
   Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
-  std::copy_n(scratch.f32(), scratch.numel(), z.f32());
+  drain();
+  z.copy_from(scratch);
   rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
   build(learners(), threads_per_learner_);

@@ -11,8 +11,11 @@
 // learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
 // best and keep it. A change of k rebuilds the replicas from z (like a learning-rate drop).
 //
-// What it is not yet (issue 4 continues): a clock gate with a staleness bound, synchronous SGD,
-// checkpoints, and CUDA streams.
+// On a CUDA device (TrainOptions::device) every learner's plans run on the learner's own
+// non-blocking stream and SMA runs on a separate sync stream per device (DeviceSma), ordered
+// against the learners' streams by events only: the host waits for a learner's loss, never for a
+// whole device. With `devices` > 1 the learners are spread round-robin over that many GPUs and
+// the per-device corrections are all-reduced with NCCL. Synchronous SGD is CPU-only for now.
 #pragma once
 
 #include <functional>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "runtime/cpu_stream.h"
+#include "runtime/device_sma.h"
 #include "runtime/sma.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
@@ -40,7 +44,8 @@ struct LearnerOptions {
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
   int tune_window = 20;          // rounds measured per configuration, after its warm-up
-  int max_learners = 0;          // 0: twice the cores
+  int max_learners = 0;          // 0: twice the cores (CPU), 8 per GPU (CUDA)
+  int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
 };
 
 // One configuration the tuner measured.
@@ -113,6 +118,9 @@ class LearnerGroup {
   Tensor ssgd_velocity_;  // synchronous SGD: the one model's momentum
   void ssgd_update();
   std::unique_ptr<ThreadBudget> sync_budget_;  // the sync runs between rounds on all learners' threads
+  std::unique_ptr<DeviceSma> device_sma_;      // on CUDA devices: SMA on sync streams
+  std::vector<Device> devices_;               // where learner j lives: devices_[j % size]
+  void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;
 };

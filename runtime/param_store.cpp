@@ -21,20 +21,21 @@ double unit_uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 
 
 }  // namespace
 
-ParamStore::ParamStore(const Graph& graph) {
+ParamStore::ParamStore(const Graph& graph, Device device) : device_(device) {
   for (const ParamInfo& param : graph.params()) {
     ParamSlot slot{param.name, graph.value(param.value).shape, flat_size_, param.init};
     flat_size_ += (slot.shape.numel() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
     slots_.push_back(std::move(slot));
   }
-  params_ = Tensor::zeros(Shape{flat_size_});
-  grads_ = Tensor::zeros(Shape{flat_size_});
+  params_ = Tensor::zeros(Shape{flat_size_}, DType::F32, device);
+  grads_ = Tensor::zeros(Shape{flat_size_}, DType::F32, device);
 }
 
 void ParamStore::initialize(uint64_t seed) {
+  Tensor host = device_.is_cpu() ? params_ : Tensor::zeros(Shape{flat_size_});
   for (size_t index = 0; index < slots_.size(); ++index) {
     const ParamSlot& slot = slots_[index];
-    float* values = param(static_cast<int>(index)).f32();
+    float* values = view(host, static_cast<int>(index)).f32();
     std::mt19937_64 rng(seed ^ fnv1a(slot.name));
     for (int64_t i = 0; i < slot.shape.numel(); ++i) {
       double value = 0.0;
@@ -44,6 +45,7 @@ void ParamStore::initialize(uint64_t seed) {
       values[i] = static_cast<float>(value);
     }
   }
+  if (!device_.is_cpu()) params_.copy_from(host);
   for (auto& [kind, state] : states_) state.fill(0.0f);
 }
 
@@ -61,7 +63,7 @@ void ParamStore::check_compatible(const Graph& graph) const {
 
 const Tensor& ParamStore::flat_state(const std::string& kind) {
   auto found = states_.find(kind);
-  if (found == states_.end()) found = states_.emplace(kind, Tensor::zeros(Shape{flat_size_})).first;
+  if (found == states_.end()) found = states_.emplace(kind, Tensor::zeros(Shape{flat_size_}, DType::F32, device_)).first;
   return found->second;
 }
 

@@ -22,7 +22,9 @@ struct ParamSlot {
 
 class ParamStore {
  public:
-  explicit ParamStore(const Graph& graph);
+  // The flat buffers live on `device` (initialised on the host, then copied there).
+  explicit ParamStore(const Graph& graph, Device device = Device::cpu());
+  Device device() const { return device_; }
 
   // Seeded initialisation: each parameter's values depend only on (seed, its name).
   void initialize(uint64_t seed);
@@ -43,6 +45,7 @@ class ParamStore {
  private:
   Tensor view(const Tensor& flat, int index) const;
   std::vector<ParamSlot> slots_;
+  Device device_;
   int64_t flat_size_ = 0;
   Tensor params_, grads_;
   std::map<std::string, Tensor> states_;

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "runtime/thread_budget.h"
 
@@ -45,10 +47,15 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
            PlanOptions options)
     : graph_(graph), tensors_(graph.values().size()) {
   if (options.threads < 1) throw Error(cat("plan: threads must be >= 1, got ", options.threads));
-  if (options.threads == 1)
-    context_ = std::make_unique<SerialContext>();
+  device_ = options.device;
+  if (store.device() != device_)
+    throw Error(cat("plan: the parameters are on ", store.device().str(), " but the plan is for ", device_.str()));
+  if (!device_.is_cpu())
+    context_ = options.stream ? options.stream : std::shared_ptr<ExecContext>(backend_for(device_).make_stream(device_.index));
+  else if (options.threads == 1)
+    context_ = std::make_shared<SerialContext>();
   else
-    context_ = std::make_unique<ThreadBudget>(options.threads);
+    context_ = std::make_shared<ThreadBudget>(options.threads);
   profile_ = options.profile;
   store.check_compatible(graph);
   for (NodeId id : needed_nodes(graph, fetches)) {
@@ -69,7 +76,7 @@ void Plan::bind_values(ParamStore& store) {
   for (const ValueInfo& info : graph_.values()) {
     switch (info.role) {
       case ValueRole::Input:
-        tensors_[info.id] = Tensor::zeros(info.shape, info.dtype);
+        tensors_[info.id] = Tensor::zeros(info.shape, info.dtype, device_);
         break;
       case ValueRole::Parameter:
         tensors_[info.id] = store.param(info.param_index);
@@ -110,7 +117,7 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
           (best == buffers.size() || buffers[i].storage->bytes() < buffers[best].storage->bytes()))
         best = i;
     if (best == buffers.size()) {
-      buffers.push_back({std::make_shared<Storage>(std::max<int64_t>(bytes, 4)), false, {}});
+      buffers.push_back({std::make_shared<Storage>(std::max<int64_t>(bytes, 4), device_), false, {}});
       activation_bytes_ += std::max<int64_t>(bytes, 4);
     }
     buffers[best].free = false;
@@ -153,7 +160,7 @@ void Plan::choose_kernels(const PlanOptions& options) {
     const KernelImpl* chosen = nullptr;
     std::string reasons;
     for (const KernelImpl& impl : def.kernels) {
-      if (impl.device != DeviceKind::CPU) continue;
+      if (impl.device != device_.kind) continue;
       std::string why = impl.declines ? impl.declines(spec) : "";
       if (!why.empty()) {
         reasons += cat(" ", impl.name, ": ", why, ";");
@@ -163,7 +170,8 @@ void Plan::choose_kernels(const PlanOptions& options) {
       if (options.prefer_kernel.empty()) break;
     }
     if (!chosen)
-      throw Error(cat(node.op, " '", node.name, "': no CPU kernel accepts this node;", reasons));
+      throw Error(cat(node.op, " '", node.name, "': no ", device_.is_cpu() ? "CPU" : "CUDA",
+                      " kernel accepts this node;", reasons));
     step.kernel_name = chosen->name;
     step.kernel = chosen->prepare(spec);
     for (ValueId input : node.inputs) step.inputs.push_back(tensors_[input]);
@@ -194,6 +202,34 @@ void Plan::run() {
   int64_t run_index = begin_run();
   for (int position = 0; position < static_cast<int>(steps_.size()); ++position)
     run_step(position, *context_, run_index);
+}
+
+void Plan::upload(const Tensor& dst, const void* src) const {
+  if (device_.is_cpu())
+    std::memcpy(dst.raw(), src, static_cast<size_t>(dst.bytes()));
+  else
+    backend_for(device_).upload(*context_, dst.raw(), src, dst.bytes());
+}
+
+void Plan::download(void* dst, const Tensor& src) const {
+  if (device_.is_cpu())
+    std::memcpy(dst, src.raw(), static_cast<size_t>(src.bytes()));
+  else
+    backend_for(device_).download(*context_, dst, src.raw(), src.bytes());
+}
+
+void Plan::copy(const Tensor& dst, const Tensor& src) const {
+  if (dst.bytes() != src.bytes() || dst.device() != device_ || src.device() != device_)
+    throw Error(cat("plan copy: ", src.shape().str(), " on ", src.device().str(), " into ", dst.shape().str(), " on ",
+                    dst.device().str(), " (plan on ", device_.str(), ")"));
+  if (device_.is_cpu())
+    std::memcpy(dst.raw(), src.raw(), static_cast<size_t>(dst.bytes()));
+  else
+    backend_for(device_).copy_async(*context_, dst.raw(), src.raw(), dst.bytes());
+}
+
+void Plan::synchronize() const {
+  if (!device_.is_cpu()) backend_for(device_).synchronize(*context_);
 }
 
 void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {

@@ -3,6 +3,9 @@
 // gradients and optimizer state to the replica's flat buffers, plans activation memory (buffers
 // are reused once their last reader has run), chooses each node's kernel from the registry and
 // prepares it once. run() executes the steps serially: the reference executor.
+// A plan on a CUDA device keeps every tensor on that device and queues its kernels, in order, on
+// its stream (its own, or one shared with other plans of the same learner); the host reaches its
+// tensors through upload() and download(), which go through that stream.
 #pragma once
 
 #include <memory>
@@ -22,6 +25,10 @@ struct PlanOptions {
   std::string prefer_kernel;
   // Accumulate each step's wall time (PlanStep::seconds); for profiles, off by default.
   bool profile = false;
+  // Where tensors live and kernels run; the store's buffers must be on the same device.
+  Device device;
+  // A device plan's stream (DeviceBackend::make_stream); null: the plan makes its own.
+  std::shared_ptr<ExecContext> stream;
 };
 
 struct PlanStep {
@@ -50,6 +57,18 @@ class Plan {
   // A value's tensor; meaningful after run() for fetched values, parameters and gradients.
   const Tensor& tensor(Value value) const;
   void run();
+  Device device() const { return device_; }
+  // The context run() passes to every kernel: a thread budget on the CPU, a stream on a device.
+  const ExecContext& context() const { return *context_; }
+  const std::shared_ptr<ExecContext>& shared_context() const { return context_; }
+  // Host <-> tensor copies in stream order: a plain memcpy on the CPU; on a device, upload
+  // returns once `src` may be reused and download waits for the work queued before it.
+  void upload(const Tensor& dst, const void* src) const;
+  void download(void* dst, const Tensor& src) const;
+  // dst = src for two tensors on the plan's device, in stream order.
+  void copy(const Tensor& dst, const Tensor& src) const;
+  // Blocks until the plan's queued device work is done (nothing to wait for on the CPU).
+  void synchronize() const;
   // The pieces run() is made of, for other executors: number a new run, then execute one step
   // (by position) with the given context; errors are rethrown naming the node.
   int64_t begin_run() { return ++runs_; }
@@ -74,7 +93,8 @@ class Plan {
   std::vector<Tensor> tensors_;  // by value id
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;
-  std::unique_ptr<ExecContext> context_;
+  Device device_;
+  std::shared_ptr<ExecContext> context_;
   bool profile_ = false;
   Trace* trace_ = nullptr;
   int64_t runs_ = 0;

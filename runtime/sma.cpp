@@ -1,19 +1,29 @@
 #include "runtime/sma.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "runtime/sma_math.h"
 
 namespace quiver {
 
-SmaSync::SmaSync(Tensor average, int learners, SmaOptions options)
-    : average_(std::move(average)), learners_(learners), alpha_(options.alpha), mu_z_(options.mu_z) {
+SmaOptions checked_sma_options(SmaOptions options, int learners) {
   if (learners < 1) throw Error(cat("SMA: needs at least one learner, got ", learners));
-  if (options.alpha < 0.0) alpha_ = 1.0 / learners;
-  if (!(alpha_ >= 0.0 && alpha_ <= 1.0)) throw Error(cat("SMA: alpha must be in [0, 1], got ", options.alpha));
-  if (!(mu_z_ >= 0.0 && mu_z_ < 1.0)) throw Error(cat("SMA: mu_z must be in [0, 1), got ", options.mu_z));
+  SmaOptions checked = options;
+  if (options.alpha < 0.0) checked.alpha = 1.0 / learners;
+  if (!(checked.alpha >= 0.0 && checked.alpha <= 1.0)) throw Error(cat("SMA: alpha must be in [0, 1], got ", options.alpha));
+  if (!(checked.mu_z >= 0.0 && checked.mu_z < 1.0)) throw Error(cat("SMA: mu_z must be in [0, 1), got ", options.mu_z));
+  return checked;
+}
+
+SmaSync::SmaSync(Tensor average, int learners, SmaOptions options) : average_(std::move(average)), learners_(learners) {
+  const SmaOptions checked = checked_sma_options(options, learners);
+  alpha_ = checked.alpha;
+  mu_z_ = checked.mu_z;
   if (average_.dtype() != DType::F32) throw Error("SMA: the average model must be float32");
-  previous_move_ = Tensor::zeros(average_.shape(), DType::F32);
+  previous_move_ = Tensor::zeros(average_.shape(), DType::F32, average_.device());
 }
 
 void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx) {
@@ -28,6 +38,19 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
   float* z = average_.f32();
   float* previous = previous_move_.f32();
   const float alpha = static_cast<float>(alpha_), mu_z = static_cast<float>(mu_z_);
+  if (!average_.device().is_cpu()) {
+    std::vector<float*> w;
+    std::vector<const float*> s;
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (params[j].device() != average_.device() || snapshots[j].device() != average_.device())
+        throw Error(cat("SMA: learner ", j, "'s buffers are not on ", average_.device().str(), " with the average"));
+      w.push_back(params[j].f32());
+      s.push_back(snapshots[j].f32());
+    }
+    backend_for(average_.device())
+        .sma_round(ctx, z, previous, w.data(), s.data(), learners_, alpha, mu_z, n);
+    return;
+  }
   constexpr int64_t kBlock = 4096;  // learners are visited block by block, so z stays in cache
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
@@ -37,17 +60,9 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
     for (size_t j = 0; j < params.size(); ++j) {
       float* w = params[j].f32();
       const float* s = snapshots[j].f32();
-      for (int64_t i = begin; i < end; ++i) {
-        const float correction = alpha * (s[i] - z[i]);
-        w[i] -= correction;
-        move[i - begin] += correction;
-      }
+      for (int64_t i = begin; i < end; ++i) move[i - begin] += math::sma_correct(w[i], s[i], z[i], alpha);
     }
-    for (int64_t i = begin; i < end; ++i) {
-      const float d = move[i - begin] + mu_z * previous[i];
-      previous[i] = d;
-      z[i] += d;
-    }
+    for (int64_t i = begin; i < end; ++i) math::sma_move(z[i], previous[i], move[i - begin], mu_z);
   }
   });
 }
@@ -55,9 +70,9 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
 void SmaSync::reset_replicas(std::span<const Tensor> params) {
   for (const Tensor& w : params) {
     if (w.numel() != average_.numel()) throw Error("SMA: a replica's size differs from the average's");
-    std::copy_n(average_.f32(), average_.numel(), w.f32());
+    w.copy_from(average_);
   }
-  std::fill_n(previous_move_.f32(), previous_move_.numel(), 0.0f);
+  previous_move_.fill(0.0f);
 }
 
 }  // namespace quiver

@@ -17,6 +17,10 @@ struct SmaOptions {
   double mu_z = 0.9;   // momentum of the average model's movement
 };
 
+// `options` with alpha resolved (negative: 1/learners) and checked; throws quiver::Error naming
+// the bad value.
+SmaOptions checked_sma_options(SmaOptions options, int learners);
+
 class SmaSync {
  public:
   // `average` is the buffer z lives in (initialised by the caller, usually to the replicas'
@@ -25,7 +29,8 @@ class SmaSync {
 
   // One synchronisation after a round: `params[j]` (w_j, corrected in place) and `snapshots[j]`
   // (s_j), each a flat buffer shaped like the average.
-  // Blocks of the buffers are processed in parallel through `ctx`.
+  // Blocks of the buffers are processed in parallel through `ctx`. Buffers on a device (all on
+  // the average's) are updated by the device's kernel queued on `ctx`, a stream of that device.
   void round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx);
   void round(std::span<const Tensor> params, std::span<const Tensor> snapshots) {
     round(params, snapshots, SerialContext());

@@ -49,22 +49,24 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   check_options(options_);
   train_graph_ = build_graph(options_.batch, true, &logits_, &loss_, &probs_);
   eval_graph_ = build_graph(options_.eval_batch, false, &eval_logits_, nullptr, nullptr);
-  store_ = std::make_unique<ParamStore>(train_graph_);
+  store_ = std::make_unique<ParamStore>(train_graph_, options_.device);
   store_->initialize(options_.seed);
   PlanOptions plan_options;
   plan_options.threads = options_.threads;
   plan_options.profile = options_.profile;
+  plan_options.device = options_.device;
   std::vector<Value> fetches{loss_, probs_};
   if (!options_.apply_update)  // nothing in-place needs the gradients: fetch them
     for (const ValueInfo& info : train_graph_.values())
       if (info.role == ValueRole::ParamGrad && info.producer >= 0) fetches.push_back(Value{info.id});
   train_plan_ = std::make_unique<Plan>(train_graph_, *store_, fetches, plan_options);
+  plan_options.stream = train_plan_->shared_context();  // one learner, one stream: a device's plans stay ordered
   eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
   images_in_ = train_plan_->input("images");
   labels_in_ = train_plan_->input("labels");
   if (train_plan_->has_input("learning_rate")) learning_rate_in_ = train_plan_->input("learning_rate");
   if (train_plan_->has_input("step")) step_in_ = train_plan_->input("step");
-  if (!options_.policy.empty()) {
+  if (!options_.policy.empty() && options_.device.is_cpu()) {
     ExecutorOptions executor;
     executor.policy = parse_policy(options_.policy);
     executor.threads = options_.threads;
@@ -112,16 +114,21 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
 }
 
 double Trainer::train_step(const float* images, const int32_t* labels) {
-  std::memcpy(images_in_.f32(), images, static_cast<size_t>(images_in_.bytes()));
-  std::memcpy(labels_in_.i32(), labels, static_cast<size_t>(labels_in_.bytes()));
-  if (learning_rate_in_.defined()) learning_rate_in_.f32()[0] = static_cast<float>(options_.learning_rate);
+  const Plan& plan = *train_plan_;
+  plan.upload(images_in_, images);
+  plan.upload(labels_in_, labels);
+  const float learning_rate = static_cast<float>(options_.learning_rate);
+  if (learning_rate_in_.defined()) plan.upload(learning_rate_in_, &learning_rate);
   ++steps_done_;
-  if (step_in_.defined()) step_in_.f32()[0] = static_cast<float>(steps_done_);
+  const float step = static_cast<float>(steps_done_);
+  if (step_in_.defined()) plan.upload(step_in_, &step);
   if (executor_)
     executor_->run();
   else
     train_plan_->run();
-  double loss = train_plan_->tensor(loss_).f32()[0];
+  float loss_value = 0.0f;
+  plan.download(&loss_value, train_plan_->tensor(loss_));
+  double loss = loss_value;
   if (!std::isfinite(loss))
     throw Error(cat("training stopped: loss is ", loss, " at step ", steps_done_,
                     " (try a lower learning rate)"));
@@ -157,7 +164,8 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       double loss = train_step(batch.images.data(), batch.labels.data());
       ++global;
       loss_sum += loss;
-      correct += count_correct(train_plan_->tensor(probs_).f32(), batch.labels.data(), batch.size, classes);
+      correct += count_correct(on_host(*train_plan_, train_plan_->tensor(probs_), host_buffer_),
+                               batch.labels.data(), batch.size, classes);
       epoch_report.steps = step;
       bool last = step == per_epoch || global == total;
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
@@ -187,6 +195,13 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   return report;
 }
 
+const float* Trainer::on_host(const Plan& plan, const Tensor& tensor, std::vector<float>& buffer) const {
+  if (tensor.device().is_cpu()) return tensor.f32();
+  buffer.resize(static_cast<size_t>(tensor.numel()));
+  plan.download(buffer.data(), tensor);
+  return buffer.data();
+}
+
 double Trainer::evaluate(const Dataset& data) {
   Plan& plan = *eval_plan_;
   const Tensor& images = plan.input("images");
@@ -198,12 +213,19 @@ double Trainer::evaluate(const Dataset& data) {
   const Tensor& logits = plan.tensor(eval_logits_);
   const int64_t classes = logits.shape()[1];
   int64_t correct = 0;
+  std::vector<float> padded;  // the last, partial batch, zero-filled
+  std::vector<float> host_logits;
   for (int64_t first = 0; first < data.count; first += batch) {
     int64_t rows = std::min(batch, data.count - first);
-    std::memcpy(images.f32(), data.images.data() + first * features, sizeof(float) * rows * features);
-    if (rows < batch) std::memset(images.f32() + rows * features, 0, sizeof(float) * (batch - rows) * features);
+    const float* source = data.images.data() + first * features;
+    if (rows < batch) {
+      padded.assign(static_cast<size_t>(batch * features), 0.0f);
+      std::copy_n(source, rows * features, padded.data());
+      source = padded.data();
+    }
+    plan.upload(images, source);
     plan.run();
-    correct += count_correct(logits.f32(), data.labels.data() + first, rows, classes);
+    correct += count_correct(on_host(plan, logits, host_logits), data.labels.data() + first, rows, classes);
   }
   return data.count ? static_cast<double>(correct) / static_cast<double>(data.count) : 0.0;
 }

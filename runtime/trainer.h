@@ -41,6 +41,9 @@ struct TrainOptions {
   // SGD averages several learners' gradients and updates once, outside the graph).
   bool apply_update = true;
   int profile_samples = 5;    // auto: timings per op and thread count
+  // Where the model trains. On a CUDA device the plans queue their kernels in order on one
+  // stream of the learner's (policy, threads and the profile cache do not apply there).
+  Device device;
 };
 
 struct Progress {
@@ -96,6 +99,8 @@ class Trainer {
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);
+  // `tensor`'s values on the host: its own memory on the CPU, else a copy into `buffer`.
+  const float* on_host(const Plan& plan, const Tensor& tensor, std::vector<float>& buffer) const;
 
   ModelSpec model_;
   TrainOptions options_;
@@ -108,6 +113,7 @@ class Trainer {
   // The training plan's inputs, looked up once rather than by name every step.
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;
+  std::vector<float> host_buffer_;
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;
 };

@@ -24,6 +24,13 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_TRUE(parse_train_command({"--help"}).help);
 }
 
+TEST(TrainOptions, DeviceAndGpus) {
+  EXPECT_EQ(parse_train_command({}).train.device, Device::cpu());
+  TrainCommand c = parse_train_command({"--device", "cuda:1", "--learners", "4", "--gpus", "2"});
+  EXPECT_EQ(c.train.device, Device::cuda(1));
+  EXPECT_EQ(c.gpus, 2);
+}
+
 struct BadFlag {
   std::vector<std::string> args;
   std::string flag;
@@ -46,7 +53,10 @@ TEST_P(RejectsBadValue, NamesTheFlag) {
 
 INSTANTIATE_TEST_SUITE_P(
     Flags, RejectsBadValue,
-    ::testing::Values(BadFlag{{"--model", "resnet"}, "--model"}, BadFlag{{"--batch", "0"}, "--batch"},
+    ::testing::Values(BadFlag{{"--device", "tpu"}, "--device"}, BadFlag{{"--device", "cuda:x"}, "--device"},
+                      BadFlag{{"--gpus", "0"}, "--gpus"}, BadFlag{{"--gpus", "2", "--learners", "2"}, "--gpus"},
+                      BadFlag{{"--device", "cuda", "--gpus", "2"}, "--gpus"},
+                      BadFlag{{"--model", "resnet"}, "--model"}, BadFlag{{"--batch", "0"}, "--batch"},
                       BadFlag{{"--batch", "abc"}, "--batch"}, BadFlag{{"--batch", "12x"}, "--batch"},
                       BadFlag{{"--epochs", "-1"}, "--epochs"}, BadFlag{{"--threads", "0"}, "--threads"},
                       BadFlag{{"--lr", "-0.1"}, "--lr"}, BadFlag{{"--lr", "nan"}, "--lr"},

@@ -105,14 +105,21 @@ void expect_close(const Host& got, const Host& expected, double tolerance, const
 
 }  // namespace
 
+static PlanOptions plan_options(int threads, const std::string& prefer_kernel) {
+  PlanOptions options;
+  options.threads = threads;
+  options.prefer_kernel = prefer_kernel;
+  return options;
+}
+
 void check_forward(const OpCase& op_case) {
   CaseGraph graph(op_case, false);
   Host expected = op_case.reference(graph.values);
   std::vector<std::pair<std::string, PlanOptions>> variants = {
-      {"default kernels, 1 thread", PlanOptions{1, ""}},
-      {"default kernels, 2 threads", PlanOptions{2, ""}},
-      {"reference kernels", PlanOptions{1, "reference"}},
-      {"im2col_gemm kernels, 2 threads", PlanOptions{2, "im2col_gemm"}},
+      {"default kernels, 1 thread", plan_options(1, "")},
+      {"default kernels, 2 threads", plan_options(2, "")},
+      {"reference kernels", plan_options(1, "reference")},
+      {"im2col_gemm kernels, 2 threads", plan_options(2, "im2col_gemm")},
   };
   for (const auto& [label, options] : variants) {
     Plan plan(graph.builder.graph(), *graph.store, {graph.output}, options);
@@ -133,7 +140,7 @@ void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel
   const Graph& g = graph.builder.graph();
   std::vector<Value> fetches{graph.output};
   for (const ParamInfo& param : g.params()) fetches.push_back(Value{param.grad});
-  Plan plan(g, *graph.store, fetches, PlanOptions{1, prefer_kernel});
+  Plan plan(g, *graph.store, fetches, plan_options(1, prefer_kernel));
   graph.load(plan);
   plan.run();
 

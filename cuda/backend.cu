@@ -1,0 +1,233 @@
+// The CUDA DeviceBackend (core/device.h): device discovery, a caching allocator, synchronous and
+// stream-ordered copies, stream ordering by events, and the SMA kernel. Registered at load time.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/context.h"
+#include "cuda/multi_gpu.h"
+#include "runtime/sma_math.h"
+
+namespace quiver::cuda {
+
+namespace {
+
+// Blocks are rounded up so that buffers of nearby sizes share a free list.
+int64_t rounded_size(int64_t bytes) {
+  constexpr int64_t kSmall = 1 << 20;
+  if (bytes <= kSmall) return std::max<int64_t>(512, (bytes + 511) / 512 * 512);
+  return (bytes + kSmall - 1) / kSmall * kSmall;
+}
+
+// Per device: free blocks by size. A released block may still be read by work queued on some
+// stream, so it first waits in `released`; the next allocation that finds no free block drains
+// the device once (setup time, not the steady state, where plans allocate nothing) and reuses it.
+class CachingAllocator {
+ public:
+  void* allocate(int device, int64_t bytes) {
+    const int64_t size = rounded_size(bytes);
+    std::lock_guard lock(mutex_);
+    Pool& pool = pools_[device];
+    if (void* block = take(pool, size)) return block;
+    use_device(device);
+    if (!pool.released.empty()) {
+      QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
+      for (auto& [block_size, block] : pool.released) pool.free.emplace(block_size, block);
+      pool.released.clear();
+      if (void* block = take(pool, size)) return block;
+    }
+    void* block = nullptr;
+    cudaError_t status = cudaMalloc(&block, static_cast<size_t>(size));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it, give the cache back, try once more
+      for (auto& [block_size, cached] : pool.free) cudaFree(cached);
+      pool.free.clear();
+      status = cudaMalloc(&block, static_cast<size_t>(size));
+    }
+    if (status != cudaSuccess)
+      throw Error(cat("CUDA: cannot allocate ", bytes, " bytes on cuda:", device, ": ",
+                      cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
+    return block;
+  }
+
+  void release(int device, void* block, int64_t bytes) {
+    std::lock_guard lock(mutex_);
+    pools_[device].released.emplace_back(rounded_size(bytes), block);
+  }
+
+ private:
+  struct Pool {
+    std::multimap<int64_t, void*> free;
+    std::vector<std::pair<int64_t, void*>> released;
+  };
+  static void* take(Pool& pool, int64_t size) {
+    auto found = pool.free.find(size);
+    if (found == pool.free.end()) return nullptr;
+    void* block = found->second;
+    pool.free.erase(found);
+    return block;
+  }
+  std::mutex mutex_;
+  std::map<int, Pool> pools_;
+};
+
+constexpr int kMaxSmaLearners = 32;
+
+struct SmaBuffers {
+  float* params[kMaxSmaLearners];
+  const float* snapshots[kMaxSmaLearners];
+};
+
+__global__ void sma_round_kernel(float* z, float* previous_move, SmaBuffers buffers, int learners,
+                                 float alpha, float mu_z, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float zi = z[i];
+    float corrections = 0.0f;
+    for (int j = 0; j < learners; ++j)
+      corrections += math::sma_correct(buffers.params[j][i], buffers.snapshots[j][i], zi, alpha);
+    float updated = zi;
+    math::sma_move(updated, previous_move[i], corrections, mu_z);
+    z[i] = updated;
+  }
+}
+
+__global__ void fill_kernel(float* dst, float value, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+const StreamContext& as_stream(const ExecContext& ctx) {
+  const auto* stream = dynamic_cast<const StreamContext*>(&ctx);
+  if (!stream) throw Error("CUDA: an operation on a CUDA device was given a context that is not a CUDA stream");
+  return *stream;
+}
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  const char* name() const override { return "CUDA"; }
+
+  int device_count() const override {
+    std::call_once(counted_, [this] {
+      int count = 0;
+      // No driver or no device: the backend exists but has nothing to run on.
+      if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        count = 0;
+      }
+      count_ = count;
+    });
+    return count_;
+  }
+
+  int64_t free_memory(int device) const override {
+    use_device(device);
+    size_t free = 0, total = 0;
+    QUIVER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
+
+  void* allocate(int device, int64_t bytes) override { return allocator_.allocate(device, bytes); }
+  void release(int device, void* pointer, int64_t bytes) override { allocator_.release(device, pointer, bytes); }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) override {
+    use_device(dst_device.is_cpu() ? src_device.index : dst_device.index);
+    QUIVER_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+  }
+
+  void fill(void* dst, int device, float value, int64_t count) override {
+    use_device(device);
+    fill_kernel<<<blocks_for(count), kThreadsPerBlock>>>(static_cast<float*>(dst), value, count);
+    QUIVER_CUDA_CHECK_LAUNCH();
+    QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  std::unique_ptr<ExecContext> make_stream(int device) override {
+    return std::make_unique<StreamContext>(device);
+  }
+
+  void upload(const ExecContext& ctx, void* dst, const void* src, int64_t bytes) override {
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    StreamContext::Staging& staging = stream.next_staging(bytes);
+    std::memcpy(staging.host, src, static_cast<size_t>(bytes));
+    QUIVER_CUDA_CHECK(cudaMemcpyAsync(dst, staging.host, static_cast<size_t>(bytes),
+                                      cudaMemcpyHostToDevice, stream.stream()));
+    QUIVER_CUDA_CHECK(cudaEventRecord(staging.copied, stream.stream()));
+  }
+
+  void download(const ExecContext& ctx, void* dst, const void* src, int64_t bytes) override {
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    StreamContext::Staging& staging = stream.next_staging(bytes);
+    QUIVER_CUDA_CHECK(cudaMemcpyAsync(staging.host, src, static_cast<size_t>(bytes),
+                                      cudaMemcpyDeviceToHost, stream.stream()));
+    QUIVER_CUDA_CHECK(cudaEventRecord(staging.copied, stream.stream()));
+    QUIVER_CUDA_CHECK(cudaEventSynchronize(staging.copied));
+    std::memcpy(dst, staging.host, static_cast<size_t>(bytes));
+  }
+
+  void copy_async(const ExecContext& ctx, void* dst, const void* src, int64_t bytes) override {
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    QUIVER_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                      stream.stream()));
+  }
+
+  void synchronize(const ExecContext& ctx) override {
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    QUIVER_CUDA_CHECK(cudaStreamSynchronize(stream.stream()));
+  }
+
+  void order(const ExecContext& earlier, const ExecContext& later) override {
+    const StreamContext& from = as_stream(earlier);
+    const StreamContext& to = as_stream(later);
+    use_device(from.device());
+    QUIVER_CUDA_CHECK(cudaEventRecord(from.order_event(), from.stream()));
+    use_device(to.device());
+    QUIVER_CUDA_CHECK(cudaStreamWaitEvent(to.stream(), from.order_event(), 0));
+  }
+
+  void sma_round(const ExecContext& ctx, float* z, float* previous_move, float* const* params,
+                 const float* const* snapshots, int learners, float alpha, float mu_z,
+                 int64_t count) override {
+    if (learners < 1 || learners > kMaxSmaLearners)
+      throw Error(cat("SMA on CUDA: supports 1 to ", kMaxSmaLearners, " learners per device, got ", learners));
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    SmaBuffers buffers{};
+    for (int j = 0; j < learners; ++j) {
+      buffers.params[j] = params[j];
+      buffers.snapshots[j] = snapshots[j];
+    }
+    sma_round_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
+        z, previous_move, buffers, learners, alpha, mu_z, count);
+    QUIVER_CUDA_CHECK_LAUNCH();
+  }
+
+  void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count) override {
+    cuda::sma_round_devices(shards, alpha, mu_z, count);
+  }
+
+ private:
+  mutable std::once_flag counted_;
+  mutable int count_ = 0;
+  CachingAllocator allocator_;
+};
+
+// Never destroyed: tensors released during static destruction still find it.
+const bool registered = [] {
+  register_device_backend(DeviceKind::CUDA, new CudaBackend());
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace quiver::cuda

@@ -1,0 +1,107 @@
+#include "cuda/context.h"
+
+#include "core/error.h"
+#include "cuda/check.h"
+
+namespace quiver::cuda {
+
+void fail(const char* call, const char* file, int line, const std::string& name,
+          const std::string& description) {
+  throw Error(cat("CUDA: ", call, " failed: ", name, ": ", description, " (", file, ":", line, ")"));
+}
+
+void use_device(int device) {
+  int current = -1;
+  QUIVER_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) QUIVER_CUDA_CHECK(cudaSetDevice(device));
+}
+
+StreamContext::StreamContext(int device) : device_(device) {
+  use_device(device);
+  QUIVER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  try {
+    QUIVER_CUBLAS_CHECK(cublasCreate(&cublas_));
+    QUIVER_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    QUIVER_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    QUIVER_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    QUIVER_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+    for (Staging& staging : staging_)
+      QUIVER_CUDA_CHECK(cudaEventCreateWithFlags(&staging.copied, cudaEventDisableTiming));
+  } catch (...) {
+    for (Staging& staging : staging_)
+      if (staging.copied) cudaEventDestroy(staging.copied);
+    if (order_event_) cudaEventDestroy(order_event_);
+    if (cudnn_) cudnnDestroy(cudnn_);
+    if (cublas_) cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+// Destructors report nothing: the stream is drained first so no queued kernel outlives the
+// memory it uses.
+StreamContext::~StreamContext() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  if (workspace_) cudaFree(workspace_);
+  for (Staging& staging : staging_) {
+    if (staging.host) cudaFreeHost(staging.host);
+    if (staging.copied) cudaEventDestroy(staging.copied);
+  }
+  if (order_event_) cudaEventDestroy(order_event_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (cublas_) cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+void* StreamContext::workspace(int64_t bytes) const {
+  if (bytes <= workspace_bytes_) return workspace_;
+  use_device(device_);
+  // Work already queued may still read the old buffer: free it only after the stream drains.
+  if (workspace_) {
+    QUIVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    QUIVER_CUDA_CHECK(cudaFree(workspace_));
+    workspace_ = nullptr;
+    workspace_bytes_ = 0;
+  }
+  QUIVER_CUDA_CHECK(cudaMalloc(&workspace_, static_cast<size_t>(bytes)));
+  workspace_bytes_ = bytes;
+  return workspace_;
+}
+
+StreamContext::Staging& StreamContext::next_staging(int64_t bytes) const {
+  Staging& staging = staging_[next_staging_];
+  next_staging_ ^= 1;
+  // The copy that last read this buffer must be done before the host writes it again.
+  QUIVER_CUDA_CHECK(cudaEventSynchronize(staging.copied));
+  if (staging.bytes < bytes) {
+    if (staging.host) QUIVER_CUDA_CHECK(cudaFreeHost(staging.host));
+    staging.host = nullptr;
+    staging.bytes = 0;
+    QUIVER_CUDA_CHECK(cudaMallocHost(&staging.host, static_cast<size_t>(bytes)));
+    staging.bytes = bytes;
+  }
+  return staging;
+}
+
+const StreamContext& stream_of(const KernelCall& call) {
+  const auto* stream = dynamic_cast<const StreamContext*>(&call.ctx);
+  if (!stream)
+    throw Error(cat(call.node.op, " '", call.node.name,
+                    "': a CUDA kernel was called without a CUDA stream (the plan is not on a CUDA device)"));
+  return *stream;
+}
+
+KernelImpl cuda_kernel(std::string name, KernelFn fn) {
+  return cuda_kernel(std::move(name), [fn = std::move(fn)](const KernelSpec&) { return fn; });
+}
+
+KernelImpl cuda_kernel(std::string name, std::function<KernelFn(const KernelSpec&)> prepare) {
+  KernelImpl impl;
+  impl.name = std::move(name);
+  impl.device = DeviceKind::CUDA;
+  impl.prepare = std::move(prepare);
+  return impl;
+}
+
+}  // namespace quiver::cuda

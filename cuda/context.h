@@ -1,0 +1,82 @@
+// The CUDA side of an execution context: a non-blocking stream on one device with its own cuBLAS
+// and cuDNN handles (bound to the stream) and a growing scratch workspace. A learner owns one;
+// every CUDA kernel finds it in KernelCall::ctx and queues its work there, never on the legacy
+// default stream. Host-side parallel_for (rare: geometry, checks) runs inline on the caller.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/op.h"
+
+namespace quiver::cuda {
+
+class StreamContext final : public ExecContext {
+ public:
+  explicit StreamContext(int device);
+  ~StreamContext() override;
+  StreamContext(const StreamContext&) = delete;
+  StreamContext& operator=(const StreamContext&) = delete;
+
+  int threads() const override { return 1; }
+  void parallel_for(int64_t count, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& body) const override {
+    if (count > 0) body(0, count);
+  }
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  // Scratch of at least `bytes` on this stream's device, reused by every kernel of the stream
+  // (work on one stream is ordered, so one buffer suffices). Valid until the next call.
+  void* workspace(int64_t bytes) const;
+  // Pinned host memory for staging uploads: two buffers used in turn, each with an event marking
+  // the end of the copy that last read it.
+  struct Staging {
+    void* host = nullptr;
+    int64_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  Staging& next_staging(int64_t bytes) const;
+  // Recorded by DeviceBackend::order on this stream.
+  cudaEvent_t order_event() const { return order_event_; }
+
+ private:
+  mutable Staging staging_[2];
+  mutable int next_staging_ = 0;
+  cudaEvent_t order_event_ = nullptr;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  mutable void* workspace_ = nullptr;
+  mutable int64_t workspace_bytes_ = 0;
+};
+
+// The stream of a kernel call; throws quiver::Error naming the node when the call did not come
+// with a CUDA stream (a CUDA kernel chosen for a CPU plan).
+const StreamContext& stream_of(const KernelCall& call);
+
+// Makes `device` current on this thread (cheap when it already is).
+void use_device(int device);
+
+// A CUDA kernel with no per-Plan state, for registering in the one registry.
+KernelImpl cuda_kernel(std::string name, KernelFn fn);
+KernelImpl cuda_kernel(std::string name, std::function<KernelFn(const KernelSpec&)> prepare);
+
+// Launch geometry for `count` independent elements: 256 threads a block, grid-stride loops.
+inline unsigned blocks_for(int64_t count) {
+  int64_t blocks = (count + 255) / 256;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  return static_cast<unsigned>(blocks);
+}
+constexpr unsigned kThreadsPerBlock = 256;
+
+}  // namespace quiver::cuda

@@ -1,0 +1,107 @@
+#include "cuda/multi_gpu.h"
+
+#include <nccl.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/context.h"
+#include "runtime/sma_math.h"
+
+#define QUIVER_NCCL_CHECK(call)                                                               \
+  do {                                                                                        \
+    ncclResult_t quiver_status_ = (call);                                                     \
+    if (quiver_status_ != ncclSuccess)                                                        \
+      ::quiver::cuda::fail(#call, __FILE__, __LINE__, "NCCL error", ncclGetErrorString(quiver_status_)); \
+  } while (0)
+
+namespace quiver::cuda {
+
+namespace {
+
+constexpr int kMaxLearnersPerDevice = 32;
+
+struct LearnerBuffers {
+  float* params[kMaxLearnersPerDevice];
+  const float* snapshots[kMaxLearnersPerDevice];
+};
+
+// move = sum_j alpha*(s_j - z), each replica corrected in place.
+__global__ void corrections_kernel(float* move, const float* z, LearnerBuffers buffers, int learners, float alpha,
+                                   int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < learners; ++j) sum += math::sma_correct(buffers.params[j][i], buffers.snapshots[j][i], z[i], alpha);
+    move[i] = sum;
+  }
+}
+
+__global__ void move_kernel(float* z, float* previous_move, const float* move, float mu_z, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    math::sma_move(z[i], previous_move[i], move[i], mu_z);
+}
+
+// Communicators per ordered list of devices, made on first use.
+std::vector<ncclComm_t>& communicators(const std::vector<int>& devices) {
+  static std::mutex mutex;
+  static std::map<std::vector<int>, std::vector<ncclComm_t>> cache;
+  std::lock_guard lock(mutex);
+  auto found = cache.find(devices);
+  if (found != cache.end()) return found->second;
+  std::vector<ncclComm_t> comms(devices.size());
+  QUIVER_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
+  return cache.emplace(devices, std::move(comms)).first->second;
+}
+
+}  // namespace
+
+void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count) {
+  std::vector<int> devices;
+  std::vector<const StreamContext*> streams;
+  for (const SmaShard& shard : shards) {
+    const auto* stream = dynamic_cast<const StreamContext*>(shard.stream);
+    if (!stream) throw Error("SMA across GPUs: a shard's stream is not a CUDA stream");
+    if (shard.params.size() != shard.snapshots.size() || shard.params.empty() ||
+        shard.params.size() > static_cast<size_t>(kMaxLearnersPerDevice))
+      throw Error(cat("SMA across GPUs: cuda:", stream->device(), " has ", shard.params.size(), " replicas and ",
+                      shard.snapshots.size(), " snapshots (1 to ", kMaxLearnersPerDevice, " per device)"));
+    for (int seen : devices)
+      if (seen == stream->device()) throw Error(cat("SMA across GPUs: two shards on cuda:", seen));
+    devices.push_back(stream->device());
+    streams.push_back(stream);
+  }
+  // Per device: the corrections' sum, in the stream's workspace (ordered work on one stream).
+  std::vector<float*> moves;
+  for (size_t d = 0; d < shards.size(); ++d) {
+    use_device(devices[d]);
+    auto* move = static_cast<float*>(streams[d]->workspace(count * static_cast<int64_t>(sizeof(float))));
+    LearnerBuffers buffers{};
+    for (size_t j = 0; j < shards[d].params.size(); ++j) {
+      buffers.params[j] = shards[d].params[j];
+      buffers.snapshots[j] = shards[d].snapshots[j];
+    }
+    corrections_kernel<<<blocks_for(count), kThreadsPerBlock, 0, streams[d]->stream()>>>(
+        move, shards[d].z, buffers, static_cast<int>(shards[d].params.size()), alpha, count);
+    QUIVER_CUDA_CHECK_LAUNCH();
+    moves.push_back(move);
+  }
+  if (shards.size() > 1) {
+    std::vector<ncclComm_t>& comms = communicators(devices);
+    QUIVER_NCCL_CHECK(ncclGroupStart());
+    for (size_t d = 0; d < shards.size(); ++d)
+      QUIVER_NCCL_CHECK(ncclAllReduce(moves[d], moves[d], static_cast<size_t>(count), ncclFloat, ncclSum, comms[d],
+                                      streams[d]->stream()));
+    QUIVER_NCCL_CHECK(ncclGroupEnd());
+  }
+  for (size_t d = 0; d < shards.size(); ++d) {
+    use_device(devices[d]);
+    move_kernel<<<blocks_for(count), kThreadsPerBlock, 0, streams[d]->stream()>>>(shards[d].z, shards[d].previous_move,
+                                                                                  moves[d], mu_z, count);
+    QUIVER_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace quiver::cuda

@@ -1,0 +1,234 @@
+// The CUDA runtime against the CPU: device memory and copies, SMA on a device and across
+// devices (NCCL), the learner layer on CUDA streams (k streams vs the CPU reference), and a short
+// training run. Every test needing a GPU skips with a clear message when none is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/op.h"
+#include "models/models.h"
+#include "runtime/learners.h"
+#include "runtime/sma.h"
+#include "runtime/trainer.h"
+
+namespace quiver {
+namespace {
+
+int cuda_devices() {
+  DeviceBackend* backend = device_backend(DeviceKind::CUDA);
+  return backend ? backend->device_count() : 0;
+}
+
+#define REQUIRE_CUDA_DEVICES(n)                                                                  \
+  do {                                                                                           \
+    if (device_backend(DeviceKind::CUDA) == nullptr)                                             \
+      GTEST_SKIP() << "no CUDA device: this build has no CUDA backend";                          \
+    if (cuda_devices() < (n))                                                                    \
+      GTEST_SKIP() << "no CUDA device: needs " << (n) << ", " << cuda_devices() << " visible";   \
+  } while (0)
+
+std::vector<float> random_values(int64_t count, int seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& v : values) v = uniform(rng);
+  return values;
+}
+
+Tensor host_tensor(const std::vector<float>& values) {
+  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.f32());
+  return t;
+}
+
+Tensor device_copy(const Tensor& host, Device device) {
+  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
+  t.copy_from(host);
+  return t;
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, double tolerance, const char* what) {
+  Tensor a = actual.to_cpu(), e = expected.to_cpu();
+  ASSERT_EQ(a.numel(), e.numel()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    ASSERT_NEAR(a.f32()[i], e.f32()[i], tolerance * (1.0 + std::fabs(e.f32()[i]))) << what << "[" << i << "]";
+}
+
+// Runs without a device: a CUDA build must have registered its backend, and naming a device
+// that does not exist is a clear error, not a crash.
+TEST(CudaBackend, IsRegisteredAndMissingDevicesAreClearErrors) {
+#ifdef QUIVER_HAS_CUDA
+  ASSERT_NE(device_backend(DeviceKind::CUDA), nullptr) << "a CUDA build registers its backend at load time";
+  EXPECT_TRUE(OpRegistry::global().orphan_kernel_kinds().empty()) << "a CUDA kernel names an op kind that does not exist";
+#endif
+  const int count = cuda_devices();
+  try {
+    (void)Tensor::empty(Shape{4}, DType::F32, Device::cuda(count));
+    FAIL() << "allocating on a device that does not exist must throw";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(cat("cuda:", count)), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(Device::parse("tpu"), Error);
+  EXPECT_EQ(Device::parse("cuda:1"), Device::cuda(1));
+}
+
+TEST(CudaBackend, CopiesAndFillsRoundTrip) {
+  REQUIRE_CUDA_DEVICES(1);
+  Tensor host = host_tensor(random_values(1000, 1));
+  Tensor device = device_copy(host, Device::cuda(0));
+  EXPECT_EQ(device.device(), Device::cuda(0));
+  expect_close(device, host, 0.0, "round trip");
+  Tensor view = device.slice(100, Shape{10});
+  view.fill(2.5f);
+  Tensor back = device.to_cpu();
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(back.f32()[i], i >= 100 && i < 110 ? 2.5f : host.f32()[i]);
+}
+
+// SMA's CUDA kernel (on a stream) against the CPU loop, three learners, two rounds.
+TEST(CudaSma, MatchesTheCpuRound) {
+  REQUIRE_CUDA_DEVICES(1);
+  const int64_t n = 5000;
+  const Device gpu = Device::cuda(0);
+  auto stream = backend_for(gpu).make_stream(0);
+  Tensor z_cpu = host_tensor(random_values(n, 2));
+  Tensor z_gpu = device_copy(z_cpu, gpu);
+  SmaSync cpu(z_cpu, 3, SmaOptions{0.3, 0.9}), gpu_sma(z_gpu, 3, SmaOptions{0.3, 0.9});
+  std::vector<Tensor> w_cpu, s_cpu, w_gpu, s_gpu;
+  for (int j = 0; j < 3; ++j) {
+    w_cpu.push_back(host_tensor(random_values(n, 10 + j)));
+    s_cpu.push_back(host_tensor(random_values(n, 20 + j)));
+    w_gpu.push_back(device_copy(w_cpu.back(), gpu));
+    s_gpu.push_back(device_copy(s_cpu.back(), gpu));
+  }
+  for (int round = 0; round < 2; ++round) {
+    cpu.round(w_cpu, s_cpu);
+    gpu_sma.round(w_gpu, s_gpu, *stream);
+  }
+  backend_for(gpu).synchronize(*stream);
+  expect_close(z_gpu, z_cpu, 1e-6, "z");
+  for (int j = 0; j < 3; ++j) expect_close(w_gpu[j], w_cpu[j], 1e-6, "w");
+}
+
+// Learners on two GPUs: per-device sums of corrections all-reduced with NCCL equal one SMA round
+// over all learners on the CPU, and both devices' copies of z agree.
+TEST(CudaSma, AllReduceAcrossTwoGpusMatchesOneRound) {
+  REQUIRE_CUDA_DEVICES(2);
+  const int64_t n = 3000;
+  Tensor z_cpu = host_tensor(random_values(n, 3));
+  SmaSync cpu(z_cpu, 4, SmaOptions{0.25, 0.9});
+  std::vector<Tensor> w_cpu, s_cpu;
+  for (int j = 0; j < 4; ++j) {
+    w_cpu.push_back(host_tensor(random_values(n, 30 + j)));
+    s_cpu.push_back(host_tensor(random_values(n, 40 + j)));
+  }
+  DeviceBackend& backend = backend_for(Device::cuda(0));
+  std::vector<std::unique_ptr<ExecContext>> streams;
+  std::vector<Tensor> z, previous, w, s;  // kept alive for the round
+  std::vector<SmaShard> shards(2);
+  for (int d = 0; d < 2; ++d) {
+    const Device gpu = Device::cuda(d);
+    streams.push_back(backend.make_stream(d));
+    z.push_back(device_copy(z_cpu, gpu));
+    previous.push_back(Tensor::zeros(Shape{n}, DType::F32, gpu));
+    shards[d].stream = streams.back().get();
+    shards[d].z = z.back().f32();
+    shards[d].previous_move = previous.back().f32();
+    for (int j = 2 * d; j < 2 * d + 2; ++j) {
+      w.push_back(device_copy(w_cpu[j], gpu));
+      s.push_back(device_copy(s_cpu[j], gpu));
+      shards[d].params.push_back(w.back().f32());
+      shards[d].snapshots.push_back(s.back().f32());
+    }
+  }
+  cpu.round(w_cpu, s_cpu);
+  backend.sma_round_devices(shards, 0.25f, 0.9f, n);
+  for (auto& stream : streams) backend.synchronize(*stream);
+  expect_close(z[0], z_cpu, 1e-5, "z on cuda:0");
+  expect_close(z[1], z_cpu, 1e-5, "z on cuda:1");
+  for (int j = 0; j < 4; ++j) expect_close(w[j], w_cpu[j], 1e-6, "w");
+}
+
+TrainOptions recipe(Device device) {
+  TrainOptions train;
+  train.batch = 16;
+  train.eval_batch = 16;
+  train.policy = "serial";
+  train.threads = 1;
+  train.device = device;
+  return train;
+}
+
+struct Batches {
+  explicit Batches(int64_t samples) : images(random_values(samples * 784, 5)), labels(samples) {
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
+    for (float& v : images) v = 0.5f * (v + 1.0f);
+  }
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+
+// A short training run on the GPU follows the CPU's loss curve step for step (same seed, same
+// batches) within float tolerance, for each bundled model, and the loss falls.
+TEST(CudaTraining, ShortRunFollowsTheCpuLossCurve) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(16);
+  for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
+    Trainer cpu(model, recipe(Device::cpu()));
+    Trainer gpu(model, recipe(Device::cuda(0)));
+    double first = 0.0, last = 0.0;
+    for (int step = 0; step < 20; ++step) {
+      const double expected = cpu.train_step(data.images.data(), data.labels.data());
+      const double actual = gpu.train_step(data.images.data(), data.labels.data());
+      ASSERT_NEAR(actual, expected, 1e-3 * (1.0 + std::fabs(expected))) << model.name << " step " << step;
+      if (step == 0) first = actual;
+      last = actual;
+    }
+    EXPECT_LT(last, 0.5 * first) << model.name;
+    expect_close(gpu.params().flat_params(), cpu.params().flat_params(), 1e-2, model.name.c_str());
+  }
+}
+
+// k learners on k CUDA streams with SMA on a sync stream give what the CPU learner group gives
+// on the same batches (the reference: the same SMA arithmetic, serially).
+TEST(CudaLearners, KStreamsMatchTheCpuGroup) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(3 * 16);
+  LearnerGroup cpu(models::mlp(), recipe(Device::cpu()), LearnerOptions{3, 1, SmaOptions{}});
+  LearnerGroup gpu(models::mlp(), recipe(Device::cuda(0)), LearnerOptions{3, 1, SmaOptions{}});
+  for (int round = 0; round < 10; ++round) {
+    const double expected = cpu.round(data.images.data(), data.labels.data());
+    const double actual = gpu.round(data.images.data(), data.labels.data());
+    ASSERT_NEAR(actual, expected, 1e-3 * (1.0 + std::fabs(expected))) << "round " << round;
+  }
+  Dataset samples;
+  samples.count = 48, samples.rows = 28, samples.cols = 28;
+  samples.images = data.images;
+  samples.labels = data.labels;
+  EXPECT_NEAR(gpu.evaluate(samples), cpu.evaluate(samples), 0.05);
+  const std::string path = ::testing::TempDir() + "/cuda_learners.ckpt";
+  gpu.save(path);
+  LearnerGroup resumed(models::mlp(), recipe(Device::cuda(0)), LearnerOptions{2, 1, SmaOptions{}});
+  resumed.load(path);
+  expect_close(resumed.average(), gpu.average(), 0.0, "z after a checkpoint round trip");
+}
+
+// One stream vs several: one learner on the GPU with alpha 0 is plain momentum SGD, exactly the
+// GPU trainer's parameters (same kernels, same order).
+TEST(CudaLearners, OneStreamWithAlphaZeroIsPlainSgd) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(16);
+  LearnerGroup group(models::mlp(), recipe(Device::cuda(0)), LearnerOptions{1, 1, SmaOptions{0.0, 0.9}});
+  Trainer plain(models::mlp(), recipe(Device::cuda(0)));
+  for (int step = 0; step < 10; ++step) {
+    group.round(data.images.data(), data.labels.data());
+    plain.train_step(data.images.data(), data.labels.data());
+  }
+  expect_close(group.replica(0).flat_params(), plain.params().flat_params(), 0.0, "parameters");
+}
+
+}  // namespace
+}  // namespace quiver
