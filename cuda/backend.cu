@@ -85,8 +85,8 @@ struct SmaBuffers {
 
 __global__ void sma_round_kernel(float* z, float* previous_move, SmaBuffers buffers, int learners,
                                  float alpha, float mu_z, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = first_index(); i < count;
+       i += grid_stride()) {
     const float zi = z[i];
     float corrections = 0.0f;
     for (int j = 0; j < learners; ++j)
@@ -98,8 +98,8 @@ __global__ void sma_round_kernel(float* z, float* previous_move, SmaBuffers buff
 }
 
 __global__ void fill_kernel(float* dst, float value, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = first_index(); i < count;
+       i += grid_stride())
     dst[i] = value;
 }
 

@@ -71,7 +71,7 @@ void* StreamContext::workspace(int64_t bytes) const {
 
 StreamContext::Staging& StreamContext::next_staging(int64_t bytes) const {
   Staging& staging = staging_[next_staging_];
-  next_staging_ ^= 1;
+  next_staging_ = (next_staging_ + 1) % kStagingRing;
   // The copy that last read this buffer must be done before the host writes it again.
   QUIVER_CUDA_CHECK(cudaEventSynchronize(staging.copied));
   if (staging.bytes < bytes) {
@@ -89,6 +89,7 @@ const StreamContext& stream_of(const KernelCall& call) {
   if (!stream)
     throw Error(cat(call.node.op, " '", call.node.name,
                     "': a CUDA kernel was called without a CUDA stream (the plan is not on a CUDA device)"));
+  use_device(stream->device());
   return *stream;
 }
 

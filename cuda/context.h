@@ -36,8 +36,10 @@ class StreamContext final : public ExecContext {
   // Scratch of at least `bytes` on this stream's device, reused by every kernel of the stream
   // (work on one stream is ordered, so one buffer suffices). Valid until the next call.
   void* workspace(int64_t bytes) const;
-  // Pinned host memory for staging uploads: two buffers used in turn, each with an event marking
-  // the end of the copy that last read it.
+  // Pinned host memory for staging copies: a ring of buffers used in turn, each with an event
+  // marking the end of the copy that last used it. A training step stages its batch, labels and
+  // scalars and fetches its loss, fewer copies than the ring holds, so a step's copies never wait
+  // for one another: only for the previous step's, long done.
   struct Staging {
     void* host = nullptr;
     int64_t bytes = 0;
@@ -48,7 +50,8 @@ class StreamContext final : public ExecContext {
   cudaEvent_t order_event() const { return order_event_; }
 
  private:
-  mutable Staging staging_[2];
+  static constexpr int kStagingRing = 8;
+  mutable Staging staging_[kStagingRing];
   mutable int next_staging_ = 0;
   cudaEvent_t order_event_ = nullptr;
   int device_;
@@ -59,8 +62,9 @@ class StreamContext final : public ExecContext {
   mutable int64_t workspace_bytes_ = 0;
 };
 
-// The stream of a kernel call; throws quiver::Error naming the node when the call did not come
-// with a CUDA stream (a CUDA kernel chosen for a CPU plan).
+// The stream of a kernel call, with its device made current on this thread so launches go there;
+// throws quiver::Error naming the node when the call did not come with a CUDA stream (a CUDA
+// kernel chosen for a CPU plan).
 const StreamContext& stream_of(const KernelCall& call);
 
 // Makes `device` current on this thread (cheap when it already is).
@@ -78,5 +82,11 @@ inline unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>(blocks);
 }
 constexpr unsigned kThreadsPerBlock = 256;
+
+#ifdef __CUDACC__
+// Grid-stride loops: for (int64_t i = first_index(); i < count; i += grid_stride()).
+__device__ inline int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+#endif
 
 }  // namespace quiver::cuda

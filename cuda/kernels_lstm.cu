@@ -16,18 +16,6 @@ namespace quiver::cuda {
 
 namespace {
 
-// The call's stream, with its device current on this thread so launches go there.
-const StreamContext& stream_for(const KernelCall& call) {
-  const StreamContext& stream = stream_of(call);
-  use_device(stream.device());
-  return stream;
-}
-
-__device__ inline int64_t first_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
 // c (M, N) <- alpha * op(a) * op(b) + beta * c, row-major, with GemmShape's meaning (ops/gemm.h).
 void cublas_gemm(const StreamContext& stream, float* c, const float* a, const float* b,
                  const GemmShape& s) {
@@ -120,7 +108,7 @@ __global__ void column_sum_kernel(float* sums, const float* matrix, int64_t rows
 KernelFn prepare_forward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
   return [g](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     float* h = call.outputs[0].f32();          // (B, T, H)
     float* cache = call.outputs[1].f32();      // (T, B, 5H)
     const float* x = call.inputs[0].f32();     // (B, T, I)
@@ -153,7 +141,7 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
   const bool input_grad = spec.node.attrs.get_int("input_grad", 1) != 0;
   return [g, input_grad](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     float* dx = call.outputs[0].f32();
     float* dwx = call.outputs[1].f32();
     float* dwh = call.outputs[2].f32();

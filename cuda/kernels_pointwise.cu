@@ -22,18 +22,6 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// The call's stream, with its device current on this thread so launches go there.
-const StreamContext& stream_for(const KernelCall& call) {
-  const StreamContext& stream = stream_of(call);
-  use_device(stream.device());
-  return stream;
-}
-
-__device__ inline int64_t first_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
 struct Sum {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
@@ -105,7 +93,7 @@ __global__ void binary_kernel(float* dst, const float* lhs, const float* rhs, in
 template <typename Fn>
 KernelFn unary() {
   return [](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.outputs[0].numel();
     unary_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
         call.outputs[0].f32(), call.inputs[0].f32(), count, Fn{});
@@ -116,7 +104,7 @@ KernelFn unary() {
 template <typename Fn>
 KernelFn binary() {
   return [](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.outputs[0].numel();
     binary_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
         call.outputs[0].f32(), call.inputs[0].f32(), call.inputs[1].f32(), count, Fn{});
@@ -163,7 +151,7 @@ __global__ void bias_grad_kernel(float* dbias, const float* dy, int64_t outer, i
 KernelFn prepare_bias_add(const KernelSpec& spec) {
   BiasGeometry g = bias_geometry(spec.input(0).shape);
   return [g](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.outputs[0].numel();
     if (count == 0) return;
     bias_add_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
@@ -178,7 +166,7 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
 KernelFn prepare_bias_grad(const KernelSpec& spec) {
   BiasGeometry g = bias_geometry(spec.input(0).shape);
   return [g](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     if (g.channels == 0) return;
     bias_grad_kernel<<<static_cast<unsigned>(g.channels), reduction_threads(g.outer * g.inner), 0,
                        stream.stream()>>>(call.outputs[0].f32(),  // (C)
@@ -192,7 +180,7 @@ KernelFn prepare_bias_grad(const KernelSpec& spec) {
 
 // reshape and copy: any dtype, bytes as they are; nothing to do when the plan made them alias.
 void copy_kernel(const KernelCall& call) {
-  const StreamContext& stream = stream_for(call);
+  const StreamContext& stream = stream_of(call);
   const Tensor& dst = call.outputs[0];
   const Tensor& src = call.inputs[0];
   if (dst.raw() == src.raw() || dst.bytes() == 0) return;
@@ -207,7 +195,7 @@ __global__ void fill_kernel(float* dst, float value, int64_t count) {
 KernelFn prepare_fill(const KernelSpec& spec) {
   float value = static_cast<float>(spec.node.attrs.get_float("value"));
   return [value](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.outputs[0].numel();
     fill_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(call.outputs[0].f32(),
                                                                              value, count);
@@ -221,7 +209,7 @@ KernelFn prepare_select_step(const KernelSpec& spec) {
   Shape x = spec.input(0).shape;  // (B, T, H)
   int64_t step = resolve_step(x, spec.node.attrs.get_int("step"));
   return [x, step](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     if (x.numel() == 0) return;
     float* dst = call.outputs[0].f32();                     // (B, H)
     const float* src = call.inputs[0].f32() + step * x[2];  // (B, T, H) at step
@@ -247,7 +235,7 @@ KernelFn prepare_select_step_grad(const KernelSpec& spec) {
   Shape x = spec.output(0).shape;  // (B, T, H)
   int64_t step = resolve_step(x, spec.node.attrs.get_int("step"));
   return [x, step](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = x.numel();
     if (count == 0) return;
     select_step_grad_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
@@ -300,7 +288,7 @@ __global__ void mean_kernel(float* loss, const double* row_loss, int64_t batch) 
 KernelFn prepare_softmax_cross_entropy(const KernelSpec& spec) {
   int64_t batch = spec.input(0).shape[0], classes = spec.input(0).shape[1];
   return [batch, classes](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     auto* row_loss = static_cast<double*>(stream.workspace(sizeof(double) * std::max<int64_t>(1, batch)));
     if (batch > 0) {
       softmax_cross_entropy_rows_kernel<<<static_cast<unsigned>(batch), reduction_threads(classes), 0,
@@ -333,7 +321,7 @@ __global__ void softmax_cross_entropy_grad_kernel(float* dlogits, const float* d
 KernelFn prepare_softmax_cross_entropy_grad(const KernelSpec& spec) {
   int64_t batch = spec.input(1).shape[0], classes = spec.input(1).shape[1];
   return [batch, classes](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = batch * classes;
     if (count == 0) return;
     softmax_cross_entropy_grad_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
@@ -372,7 +360,7 @@ KernelFn prepare_sgd(const KernelSpec& spec) {
   float momentum = static_cast<float>(spec.node.attrs.get_float("momentum", 0.0));
   float weight_decay = static_cast<float>(spec.node.attrs.get_float("weight_decay", 0.0));
   return [momentum, weight_decay](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.inputs[0].numel();
     if (count == 0) return;
     sgd_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(
@@ -391,7 +379,7 @@ KernelFn prepare_adam(const KernelSpec& spec) {
   float epsilon = static_cast<float>(a.get_float("epsilon"));
   float weight_decay = static_cast<float>(a.get_float("weight_decay", 0.0));
   return [=](const KernelCall& call) {
-    const StreamContext& stream = stream_for(call);
+    const StreamContext& stream = stream_of(call);
     int64_t count = call.inputs[0].numel();
     if (count == 0) return;
     adam_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(

@@ -32,7 +32,7 @@ struct LearnerBuffers {
 // move = sum_j alpha*(s_j - z), each replica corrected in place.
 __global__ void corrections_kernel(float* move, const float* z, LearnerBuffers buffers, int learners, float alpha,
                                    int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = first_index(); i < count; i += grid_stride()) {
     float sum = 0.0f;
     for (int j = 0; j < learners; ++j) sum += math::sma_correct(buffers.params[j][i], buffers.snapshots[j][i], z[i], alpha);
     move[i] = sum;
@@ -40,7 +40,7 @@ __global__ void corrections_kernel(float* move, const float* z, LearnerBuffers b
 }
 
 __global__ void move_kernel(float* z, float* previous_move, const float* move, float mu_z, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = first_index(); i < count; i += grid_stride())
     math::sma_move(z[i], previous_move[i], move[i], mu_z);
 }
 

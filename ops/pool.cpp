@@ -7,12 +7,6 @@
 
 namespace quiver {
 
-namespace {
-
-struct PoolGeometry {
-  int64_t planes = 0, height = 0, width = 0, kernel = 0, stride = 0, out_h = 0, out_w = 0;
-};
-
 PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs) {
   PoolGeometry g;
   g.planes = x[0] * x[1];
@@ -24,6 +18,8 @@ PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs) {
   g.out_w = (g.width - g.kernel) / g.stride + 1;
   return g;
 }
+
+namespace {
 
 std::vector<TensorType> infer(const InferContext& ctx) {
   expect_inputs(ctx, 1);
@@ -53,12 +49,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
         const float* plane = x + p * g.height * g.width;
         for (int64_t oh = 0; oh < g.out_h; ++oh)
           for (int64_t ow = 0; ow < g.out_w; ++ow) {
-            int64_t best = (oh * g.stride) * g.width + ow * g.stride;
-            for (int64_t kh = 0; kh < g.kernel; ++kh)
-              for (int64_t kw = 0; kw < g.kernel; ++kw) {
-                int64_t at = (oh * g.stride + kh) * g.width + ow * g.stride + kw;
-                if (plane[at] > plane[best]) best = at;
-              }
+            const int64_t best = math::max_pool_argmax(plane, g, oh, ow);
             int64_t out = (p * g.out_h + oh) * g.out_w + ow;
             y[out] = plane[best];
             argmax[out] = static_cast<int32_t>(best);
