@@ -24,6 +24,14 @@ void cublas_gemm(const StreamContext& stream, float* c, const float* a, const fl
   int64_t lda = std::max<int64_t>(1, s.lda >= 0 ? s.lda : (s.trans_a ? s.m : s.k));
   int64_t ldb = std::max<int64_t>(1, s.ldb >= 0 ? s.ldb : (s.trans_b ? s.k : s.n));
   int64_t ldc = std::max<int64_t>(1, s.ldc >= 0 ? s.ldc : s.n);
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {  // an empty sum (cuBLAS may leave C untouched): C = beta * C, beta 0 or 1 here
+    if (s.beta == 0.0f)
+      QUIVER_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * sizeof(float), 0,
+                                          static_cast<size_t>(s.n) * sizeof(float), static_cast<size_t>(s.m),
+                                          stream.stream()));
+    return;
+  }
   // Column-major: C^T (N, M) = op(B)^T (N, K) * op(A)^T (K, M). A stored row-major is already
   // its transpose to cuBLAS, so each operand keeps its own transpose flag.
   QUIVER_CUBLAS_CHECK(cublasSgemm_64(stream.cublas(), s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -90,6 +90,7 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   if (stride < 1 || padding < 0) ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
   if (w[1] != x[1])
     ctx.fail(cat("input ", x.str(), " has ", x[1], " channels but weight ", w.str(), " expects ", w[1]));
+  if (w[2] < 1 || w[3] < 1) ctx.fail(cat("kernel ", w[2], "x", w[3], " is empty"));
   ConvGeometry g = conv_geometry(x, w, stride, padding);
   if (g.out_h < 1 || g.out_w < 1)
     ctx.fail(cat("kernel ", w[2], "x", w[3], " does not fit input ", x.str(), " with padding ", padding));
@@ -144,6 +145,10 @@ KernelFn prepare_grad_weight(const KernelSpec& spec) {
     const float* dy = call.inputs[0].f32();
     const float* x = call.inputs[1].f32();
     int64_t weights = g.out_channels * g.patch();
+    if (g.batch == 0) {  // no samples: the gradient is zero
+      std::fill_n(dw, weights, 0.0f);
+      return;
+    }
     int64_t slices = std::min<int64_t>(call.ctx.threads(), g.batch);
     // One partial dw per slice of the batch, summed at the end: no shared accumulator.
     std::vector<float> partial(static_cast<size_t>(slices * weights));
