@@ -60,6 +60,15 @@ class CachingAllocator {
     pools_[device].released.emplace_back(rounded_size(bytes), block);
   }
 
+  // Bytes held for reuse (free or waiting) on `device`.
+  int64_t cached_bytes(int device) {
+    std::lock_guard lock(mutex_);
+    int64_t bytes = 0;
+    for (auto& [size, block] : pools_[device].free) bytes += size;
+    for (auto& [size, block] : pools_[device].released) bytes += size;
+    return bytes;
+  }
+
  private:
   struct Pool {
     std::multimap<int64_t, void*> free;
@@ -126,23 +135,31 @@ class CudaBackend final : public DeviceBackend {
     return count_;
   }
 
+  // What the driver has free plus what the allocator holds for reuse on this device.
   int64_t free_memory(int device) const override {
     use_device(device);
     size_t free = 0, total = 0;
     QUIVER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return static_cast<int64_t>(free);
+    return static_cast<int64_t>(free) + allocator_.cached_bytes(device);
   }
 
   void* allocate(int device, int64_t bytes) override { return allocator_.allocate(device, bytes); }
   void release(int device, void* pointer, int64_t bytes) override { allocator_.release(device, pointer, bytes); }
 
+  // Synchronous in the full sense: the legacy default stream does not wait for the non-blocking
+  // streams, so the devices involved are drained before (queued work may still read or write
+  // these buffers) and after (the copy has landed when this returns). Setup and tests only.
   void copy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) override {
+    drain(dst_device);
+    drain(src_device);
     use_device(dst_device.is_cpu() ? src_device.index : dst_device.index);
     QUIVER_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+    drain(dst_device);
+    drain(src_device);
   }
 
   void fill(void* dst, int device, float value, int64_t count) override {
-    use_device(device);
+    drain(Device::cuda(device));
     fill_kernel<<<blocks_for(count), kThreadsPerBlock>>>(static_cast<float*>(dst), value, count);
     QUIVER_CUDA_CHECK_LAUNCH();
     QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
@@ -217,9 +234,14 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  static void drain(Device device) {
+    if (device.is_cpu()) return;
+    use_device(device.index);
+    QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   mutable std::once_flag counted_;
   mutable int count_ = 0;
-  CachingAllocator allocator_;
+  mutable CachingAllocator allocator_;
 };
 
 // Never destroyed: tensors released during static destruction still find it.

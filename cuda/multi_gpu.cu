@@ -91,9 +91,18 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
   if (shards.size() > 1) {
     std::vector<ncclComm_t>& comms = communicators(devices);
     QUIVER_NCCL_CHECK(ncclGroupStart());
+    // A failed call inside the group must still close it, or every later NCCL call on this
+    // thread would be deferred forever.
+    struct GroupEnd {
+      bool armed = true;
+      ~GroupEnd() {
+        if (armed) ncclGroupEnd();
+      }
+    } group_end;
     for (size_t d = 0; d < shards.size(); ++d)
       QUIVER_NCCL_CHECK(ncclAllReduce(moves[d], moves[d], static_cast<size_t>(count), ncclFloat, ncclSum, comms[d],
                                       streams[d]->stream()));
+    group_end.armed = false;
     QUIVER_NCCL_CHECK(ncclGroupEnd());
   }
   for (size_t d = 0; d < shards.size(); ++d) {

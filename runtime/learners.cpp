@@ -90,15 +90,20 @@ void LearnerGroup::build(int learners, int threads_per_learner) {
     const Tensor& z = average_->params().flat_params();
     const Tensor& w = learner->trainer->params().flat_params();
     w.copy_from(z);  // every replica starts from the average model
-    learner->snapshot = Tensor::zeros(w.shape(), DType::F32, train_.device);
+    learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
     built.push_back(std::move(learner));
   }
+  // Everything that can fail is built before anything is replaced: a refused resize changes nothing.
+  std::unique_ptr<SmaSync> sma;
+  std::unique_ptr<DeviceSma> device_sma;
+  if (train_.device.is_cpu())
+    sma = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
+  else
+    device_sma = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
+  device_sma_ = std::move(device_sma);  // the old sync streams drained already (drain() above)
+  sma_ = std::move(sma);
   learners_ = std::move(built);
   threads_per_learner_ = threads_per_learner;
-  if (train_.device.is_cpu())
-    sma_ = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
-  else
-    device_sma_ = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
   if (!ssgd_velocity_.defined() && options_.sync == Sync::Ssgd)
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));

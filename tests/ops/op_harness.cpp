@@ -12,8 +12,6 @@
 
 namespace quiver::testing {
 
-namespace {
-
 Host draw_values(const InputSpec& spec, std::mt19937_64& rng) {
   int64_t count = spec.shape.numel();
   Host values(count);
@@ -38,6 +36,8 @@ Host draw_values(const InputSpec& spec, std::mt19937_64& rng) {
   }
   return values;
 }
+
+namespace {
 
 // The case's graph: y = op(inputs), loss = sum(y * R), and its backward.
 struct CaseGraph {

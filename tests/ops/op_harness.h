@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct InputSpec {
 };
 
 using Host = std::vector<double>;
+
+// Seeded values for one input as its Draw asks (away from kinks, tie-free, labels in range).
+Host draw_values(const InputSpec& spec, std::mt19937_64& rng);
 
 struct OpCase {
   std::string name;
