@@ -3,6 +3,8 @@
 // (quiver-torch-peer) was built, each grid point also runs the same model and recipe in libtorch,
 // right after Quiver, in the same invocation, and the ratio Quiver/libtorch is printed.
 // Data: a pool of 64 fixed random batches cycled through, so no I/O is timed (as in the peer).
+// --device cuda[:N]: one model on one CUDA stream (threads and policy do not apply; no peer, the
+// libtorch peer is a CPU build). For multi-stream vs single-stream on a GPU, quiver-bench-learners.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +39,7 @@ struct BenchOptions {
   std::string peer = QUIVER_TORCH_PEER_PATH;
   bool profile = false;  // print where each grid point's step time goes, by op
   std::string policy = "auto";  // the executor's policy (auto profiles during the warm-up)
+  Device device;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -73,8 +76,12 @@ BenchOptions parse(int argc, char** argv) {
       o.policy = value;
     } else if (flag == "--output") {
       o.output = value;
+    } else if (flag == "--device") {
+      o.device = Device::parse(value);
+      if (!o.device.is_cpu()) o.peer.clear(), o.threads = {1};
     } else {
-      throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --policy --output --no-peer --profile)"));
+      throw Error(cat("unknown option '", flag,
+                      "' (--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile)"));
     }
   }
   return o;
@@ -91,6 +98,7 @@ double quiver_samples_per_second(const std::string& model, int64_t batch, int th
     options.eval_batch = 1;
     options.profile = o.profile && run == 0;
     options.policy = o.policy;
+    options.device = o.device;
     Trainer trainer(spec, options);
     auto step = [&](int i) { trainer.train_step(data.images_of(i), data.labels_of(i)); };
     int warmed = 0;
@@ -137,7 +145,7 @@ int main(int argc, char** argv) {
   }
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
   std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), policy %s, %d cores%s\n",
-              o.runs, o.steps, o.warmup, o.policy.c_str(), available_cores(),
+              o.runs, o.steps, o.warmup, o.device.is_cpu() ? o.policy.c_str() : o.device.str().c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
   std::string table = "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
   std::printf("%s", table.c_str());
