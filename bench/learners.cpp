@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "models/models.h"
 #include "runtime/atomic_file.h"
+#include "runtime/fashion_mnist.h"
 #include "runtime/learners.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   std::string rule = "|---|---|---|";
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
   for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
+  header += " auto chose | auto's pick / best fixed |", rule += "---|---|";
   std::string table = header + "\n" + rule + "\n";
   const std::string single = o.device.is_cpu() ? cat("one learner, ", o.threads, " threads, auto policy")
                                                 : cat("one learner, one CUDA stream on ", o.device.str());
@@ -109,6 +111,27 @@ int main(int argc, char** argv) {
         std::string row = cat("| ", model, " | ", batch, " | ", static_cast<int64_t>(base), " |");
         for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rates[k])), " |");
         for (int k : o.learners) row += cat(" ", static_cast<int>(100 * bench::median(rates[k]) / base) / 100.0, " |");
+        // The tuner (--learners auto) on the same data, up to the most learners measured here; its
+        // pick is judged by the fixed configurations' rates measured above, in this run.
+        Dataset pool_data;
+        pool_data.rows = 28, pool_data.cols = 28;
+        pool_data.images = data.images;
+        pool_data.labels = data.labels;
+        pool_data.count = static_cast<int64_t>(data.labels.size());
+        LearnerOptions tuned{1, o.threads, SmaOptions{}};
+        tuned.tune = true;
+        tuned.max_learners = most;
+        LearnerGroup tuner(models::by_name(model), train, tuned);
+        tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
+        tuner.fit(pool_data, nullptr, 1000000);
+        const TunerStep chosen = tuner.tuner_history().empty() ? TunerStep{} : tuner.tuner_history().back();
+        double best = 0.0;
+        for (int k : o.learners) best = std::max(best, bench::median(rates[k]));
+        if (rates.count(chosen.learners))
+          row += cat(" ", chosen.learners, " x ", chosen.threads_per_learner, " | ",
+                     static_cast<int>(100 * bench::median(rates[chosen.learners]) / best) / 100.0, " |");
+        else
+          row += cat(" ", chosen.learners, " (not measured) | - |");
         table += row + "\n";
         std::printf("%s\n", row.c_str());
         std::fflush(stdout);

@@ -59,7 +59,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                 e.samples_per_second);
   const std::vector<TunerStep>& history = group.tuner_history();
   if (!history.empty()) {
-    std::printf("tuner (samples/s over %d rounds per configuration, measured in this run):\n", options.tune_window);
+    std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, measured in this run):\n",
+                options.tune_window, options.tune_window_seconds);
     for (size_t i = 0; i + 1 < history.size(); ++i)
       std::printf("  %d learner(s) x %d thread(s): %.0f samples/s%s\n", history[i].learners,
                   history[i].threads_per_learner, history[i].samples_per_second,

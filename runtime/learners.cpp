@@ -37,6 +37,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     throw Error(cat("threads per learner: need at least 1, got ", options.threads_per_learner));
   if (!(options.tune_threshold > 0.0)) throw Error(cat("tune threshold must be > 0, got ", options.tune_threshold));
   if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
+  if (!(options.tune_window_seconds >= 0.0))
+    throw Error(cat("tune window must be >= 0 seconds, got ", options.tune_window_seconds));
   // Default ceiling: twice the cores on the CPU; 8 streams per GPU (Crossbow's range) on CUDA.
   if (options.max_learners == 0)
     options_.max_learners = train_.device.is_cpu() ? 2 * available_cores() : 8 * std::max(1, options.devices);
@@ -61,7 +63,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   build(options.learners, options.threads_per_learner);
 }
 
-void LearnerGroup::build(int learners, int threads_per_learner) {
+void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state) {
+  if (!learners_.empty()) refresh_average();
   if (learners < 1 || threads_per_learner < 1)
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
   if (learners < static_cast<int>(devices_.size()))
@@ -90,6 +93,11 @@ void LearnerGroup::build(int learners, int threads_per_learner) {
     const Tensor& z = average_->params().flat_params();
     const Tensor& w = learner->trainer->params().flat_params();
     w.copy_from(z);  // every replica starts from the average model
+    if (carry_state && !learners_.empty()) {  // ...and keeps a predecessor's momentum
+      ParamStore& from = learners_[j % learners_.size()]->trainer->params();
+      for (const std::string& kind : from.state_kinds())
+        learner->trainer->params().flat_state(kind).copy_from(from.flat_state(kind));
+    }
     learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
     built.push_back(std::move(learner));
   }
@@ -109,23 +117,46 @@ void LearnerGroup::build(int learners, int threads_per_learner) {
   sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
 }
 
-void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner); }
+void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
 
 LearnerGroup::~LearnerGroup() = default;
 
-const Tensor& LearnerGroup::average() const { return average_->params().flat_params(); }
+const Tensor& LearnerGroup::average() const {
+  refresh_average();
+  return average_->params().flat_params();
+}
+
+// One learner with the default alpha (1/k = 1): there is nothing to average, so the learner trains
+// exactly as single-stream training does and z is its model. (An explicit alpha keeps SMA on, so
+// one learner under SMA stays testable.)
+bool LearnerGroup::alone() const {
+  return learners_.size() == 1 && options_.sma.alpha < 0.0 && options_.sync == Sync::Sma;
+}
+
+void LearnerGroup::refresh_average() const {
+  if (!average_stale_) return;
+  average_->params().flat_params().copy_from(learners_.front()->trainer->params().flat_params());
+  average_stale_ = false;
+}
 
 double LearnerGroup::round(const float* images, const int32_t* labels) {
-  for (size_t j = 0; j < learners_.size(); ++j) {
+  // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
+  // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is
+  // a few hundred.
+  const bool snapshot = !sma_from_velocity() && !alone();
+  auto step = [this, images, labels, snapshot](size_t j) {
     Learner& learner = *learners_[j];
-    const float* batch_images = images + static_cast<int64_t>(j) * batch_ * features_;
-    const int32_t* batch_labels = labels + static_cast<int64_t>(j) * batch_;
-    learner.stream.submit([&learner, batch_images, batch_labels] {
-      learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
-      learner.loss = learner.trainer->train_step(batch_images, batch_labels);
-    });
-  }
+    if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
+    learner.loss = learner.trainer->train_step(images + static_cast<int64_t>(j) * batch_ * features_,
+                                               labels + static_cast<int64_t>(j) * batch_);
+  };
+  for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream.submit([step, j] { step(j); });
   std::exception_ptr first_error;
+  try {
+    step(0);
+  } catch (...) {
+    first_error = std::current_exception();
+  }
   for (auto& learner : learners_) {
     try {
       learner->stream.wait();
@@ -141,12 +172,18 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
     snapshots.push_back(learner->snapshot);
     loss += learner->loss;
   }
-  if (options_.sync == Sync::Ssgd) {
+  if (alone()) {
+    average_stale_ = true;  // z is this learner's model; copied over when someone reads z
+  } else if (options_.sync == Sync::Ssgd) {
     ssgd_update();
   } else if (device_sma_) {
     std::vector<const ExecContext*> streams;
     for (auto& learner : learners_) streams.push_back(&learner->trainer->train_plan().context());
     device_sma_->round(streams, params, snapshots);
+  } else if (sma_from_velocity()) {
+    std::vector<Tensor> velocities;
+    for (auto& learner : learners_) velocities.push_back(learner->trainer->params().flat_state("velocity"));
+    sma_->round_after_sgd(params, velocities, *sync_budget_);
   } else {
     sma_->round(params, snapshots, *sync_budget_);
   }
@@ -154,7 +191,14 @@ double LearnerGroup::round(const float* images, const int32_t* labels) {
   return loss / static_cast<double>(learners_.size());
 }
 
+// After a momentum-SGD step w_j = s_j + v_j, so on the CPU SMA recovers s_j from the velocity and
+// no snapshot is copied before the step (a pass over the parameters saved per learner per round).
+bool LearnerGroup::sma_from_velocity() const {
+  return options_.sync == Sync::Sma && train_.optimizer == "sgd" && train_.device.is_cpu();
+}
+
 double LearnerGroup::evaluate(const Dataset& data) {
+  refresh_average();
   if (device_sma_) device_sma_->order_before(average_->train_plan().context());
   return average_->evaluate(data);
 }
@@ -164,6 +208,7 @@ void LearnerGroup::drain() {
 }
 
 void LearnerGroup::reset_replicas() {
+  refresh_average();
   std::vector<Tensor> params;
   for (auto& learner : learners_) params.push_back(learner->trainer->params().flat_params());
   if (device_sma_)
@@ -191,6 +236,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // Tuner state: the configuration being measured, its rounds so far, and the best one.
   const int cores = available_cores();
   bool tuning = options_.tune;
+  tuned_ = false;
   // One learner per device to start, and one more per device at each step (1 on the CPU).
   const int tuner_step = static_cast<int>(devices_.size());
   if (tuning && (learners() != tuner_step || threads_per_learner_ != cores)) resize(tuner_step, cores);
@@ -239,7 +285,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           ++measured_rounds;
           measured_samples += k * batch_;
         }
-        if (warmup_rounds == 0 && measured_rounds == options_.tune_window) {
+        if (warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
+            seconds_since(measure_start) >= options_.tune_window_seconds) {
           const TunerStep step{k, threads_per_learner_, measured_samples / seconds_since(measure_start)};
           history_.push_back(step);
           const bool better =
@@ -259,6 +306,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
             if (k != best.learners) resize(best.learners, best.threads_per_learner);
             history_.push_back(best);  // the last entry is the choice
             tuning = false;
+            tuned_ = true;
           }
         }
       }
@@ -317,6 +365,7 @@ void LearnerGroup::ssgd_update() {
 }
 
 void LearnerGroup::save(const std::string& path) const {
+  refresh_average();
   if (device_sma_) device_sma_->drain();
   save_checkpoint(path, average_->params(), average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
 }
@@ -328,6 +377,7 @@ void LearnerGroup::load(const std::string& path) {
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
   drain();
   z.copy_from(scratch);
+  average_stale_ = false;  // z is the checkpoint's now, not the replica's
   rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
   build(learners(), threads_per_learner_);

@@ -10,6 +10,8 @@
 // training (Crossbow): start with one learner on all cores, measure samples/s over a window, add a
 // learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
 // best and keep it. A change of k rebuilds the replicas from z (like a learning-rate drop).
+// One learner with the default alpha has nothing to average: it trains exactly like single-stream
+// training and z is its model, so the tuner's starting point is single-stream itself.
 //
 // On a CUDA device (TrainOptions::device) every learner's plans run on the learner's own
 // non-blocking stream and SMA runs on a separate sync stream per device (DeviceSma), ordered
@@ -43,7 +45,8 @@ struct LearnerOptions {
   // fit(): tune the number of learners while training, starting from one.
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
-  int tune_window = 20;          // rounds measured per configuration, after its warm-up
+  int tune_window = 20;          // rounds measured per configuration, after its warm-up...
+  double tune_window_seconds = 0.5;  // ...and at least this long: short windows on a shared machine are noise
   int max_learners = 0;          // 0: twice the cores (CPU), 8 per GPU (CUDA)
   int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
 };
@@ -69,7 +72,9 @@ class LearnerGroup {
 
   int learners() const { return static_cast<int>(learners_.size()); }
   int threads_per_learner() const { return threads_per_learner_; }
-  // Rebuilds the group as k learners of `threads` threads each, every replica starting from z.
+  // Rebuilds the group as k learners of `threads` threads each, every replica starting from z with
+  // the optimizer state (momentum) of an old replica (new learner j takes old learner j mod k's),
+  // so a change of configuration does not restart the momentum.
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
@@ -80,6 +85,8 @@ class LearnerGroup {
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   // With tune: every configuration measured, in order, and the one kept.
   const std::vector<TunerStep>& tuner_history() const { return history_; }
+  // With tune: true once the tuner has settled (the last history entry is its choice).
+  bool tuned() const { return tuned_; }
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
@@ -104,7 +111,7 @@ class LearnerGroup {
     double loss = 0.0;
     CpuStream stream;
   };
-  void build(int learners, int threads_per_learner);
+  void build(int learners, int threads_per_learner, bool carry_state = false);
   ModelSpec model_;
   TrainOptions train_;
   LearnerOptions options_;
@@ -112,6 +119,7 @@ class LearnerGroup {
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;
   std::vector<TunerStep> history_;
+  bool tuned_ = false;
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only
   std::unique_ptr<SmaSync> sma_;
@@ -120,6 +128,10 @@ class LearnerGroup {
   std::unique_ptr<ThreadBudget> sync_budget_;  // the sync runs between rounds on all learners' threads
   std::unique_ptr<DeviceSma> device_sma_;      // on CUDA devices: SMA on sync streams
   std::vector<Device> devices_;               // where learner j lives: devices_[j % size]
+  bool sma_from_velocity() const;
+  bool alone() const;
+  void refresh_average() const;
+  mutable bool average_stale_ = false;
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;

@@ -67,6 +67,12 @@ const Tensor& ParamStore::flat_state(const std::string& kind) {
   return found->second;
 }
 
+std::vector<std::string> ParamStore::state_kinds() const {
+  std::vector<std::string> kinds;
+  for (const auto& [kind, state] : states_) kinds.push_back(kind);
+  return kinds;
+}
+
 Tensor ParamStore::view(const Tensor& flat, int index) const {
   const ParamSlot& slot = slots_.at(index);
   return flat.slice(slot.offset, slot.shape);

@@ -37,6 +37,8 @@ class ParamStore {
   const Tensor& flat_grads() const { return grads_; }
   // The flat buffer of one kind of optimizer state ("velocity"), zero-initialised on first use.
   const Tensor& flat_state(const std::string& kind);
+  // The kinds of optimizer state created so far ("velocity"; "adam_m", ...).
+  std::vector<std::string> state_kinds() const;
 
   Tensor param(int index) const { return view(params_, index); }
   Tensor grad(int index) const { return view(grads_, index); }

@@ -51,19 +51,45 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
         .sma_round(ctx, z, previous, w.data(), s.data(), learners_, alpha, mu_z, n);
     return;
   }
-  constexpr int64_t kBlock = 4096;  // learners are visited block by block, so z stays in cache
+  cpu_round<false>(z, previous, params, snapshots, alpha, mu_z, n, ctx);
+}
+
+void SmaSync::round_after_sgd(std::span<const Tensor> params, std::span<const Tensor> velocities,
+                              const ExecContext& ctx) {
+  const int64_t n = average_.numel();
+  if (static_cast<int>(params.size()) != learners_ || velocities.size() != params.size())
+    throw Error(cat("SMA: expected ", learners_, " learners' parameters and velocities, got ", params.size(), " and ",
+                    velocities.size()));
+  if (!average_.device().is_cpu()) throw Error("SMA: round_after_sgd runs on the CPU only");
+  for (size_t j = 0; j < params.size(); ++j)
+    if (params[j].numel() != n || velocities[j].numel() != n)
+      throw Error(cat("SMA: learner ", j, " has ", params[j].numel(), " parameters and ", velocities[j].numel(),
+                      " velocities; the average has ", n));
+  cpu_round<true>(average_.f32(), previous_move_.f32(), params, velocities, static_cast<float>(alpha_),
+                  static_cast<float>(mu_z_), n, ctx);
+}
+
+// One pass over the buffers, block by block so z stays in cache while every learner is visited.
+// kFromVelocity: `other` holds v_j and the snapshot is w_j - v_j; else `other` holds s_j.
+template <bool kFromVelocity>
+void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> params, std::span<const Tensor> other,
+                        float alpha, float mu_z, int64_t n, const ExecContext& ctx) {
+  constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
-  for (int64_t block = first_block; block < last_block; ++block) {
-    const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
-    float move[kBlock] = {};
-    for (size_t j = 0; j < params.size(); ++j) {
-      float* w = params[j].f32();
-      const float* s = snapshots[j].f32();
-      for (int64_t i = begin; i < end; ++i) move[i - begin] += math::sma_correct(w[i], s[i], z[i], alpha);
+    for (int64_t block = first_block; block < last_block; ++block) {
+      const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
+      float move[kBlock] = {};
+      for (size_t j = 0; j < params.size(); ++j) {
+        float* w = params[j].f32();
+        const float* o = other[j].f32();
+        for (int64_t i = begin; i < end; ++i) {
+          const float snapshot = kFromVelocity ? w[i] - o[i] : o[i];
+          move[i - begin] += math::sma_correct(w[i], snapshot, z[i], alpha);
+        }
+      }
+      for (int64_t i = begin; i < end; ++i) math::sma_move(z[i], previous[i], move[i - begin], mu_z);
     }
-    for (int64_t i = begin; i < end; ++i) math::sma_move(z[i], previous[i], move[i - begin], mu_z);
-  }
   });
 }
 

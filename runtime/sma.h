@@ -35,6 +35,9 @@ class SmaSync {
   void round(std::span<const Tensor> params, std::span<const Tensor> snapshots) {
     round(params, snapshots, SerialContext());
   }
+  // The same round after a momentum-SGD step (w_j = s_j + v_j): the snapshots are recovered as
+  // s_j = w_j - v_j from the velocities, so no snapshot copy is made before the step. CPU only.
+  void round_after_sgd(std::span<const Tensor> params, std::span<const Tensor> velocities, const ExecContext& ctx);
   // Every replica becomes z (after a learning-rate drop); the average's momentum is cleared.
   void reset_replicas(std::span<const Tensor> params);
 
@@ -43,6 +46,9 @@ class SmaSync {
   double mu_z() const { return mu_z_; }
 
  private:
+  template <bool kFromVelocity>
+  void cpu_round(float* z, float* previous, std::span<const Tensor> params, std::span<const Tensor> other, float alpha,
+                 float mu_z, int64_t n, const ExecContext& ctx);
   Tensor average_, previous_move_;
   int learners_;
   double alpha_, mu_z_;

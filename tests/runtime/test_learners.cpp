@@ -95,6 +95,24 @@ TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
 }
 
+// One learner with the default alpha has nothing to average: it is single-stream training, and z
+// (what is evaluated and checkpointed) is its model, bit for bit; a second learner then starts from it.
+TEST(Learners, OneLearnerWithDefaultAlphaIsSingleStreamTraining) {
+  Batches data(2 * 8);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  Trainer plain(models::mlp(), recipe());
+  for (int step = 0; step < 10; ++step) {
+    group.round(data.images.data(), data.labels.data());
+    plain.train_step(data.images.data(), data.labels.data());
+  }
+  const Tensor& z = group.average();
+  const Tensor& w = plain.params().flat_params();
+  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(z.f32()[i], w.f32()[i]) << "parameter " << i;
+  group.resize(2, 1);
+  for (int j = 0; j < 2; ++j)
+    for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(group.replica(j).flat_params().f32()[i], w.f32()[i]);
+}
+
 TEST(Learners, FixedSeedAndScheduleAreReproducible) {
   Batches data(3 * 8);
   std::vector<float> first;
@@ -179,6 +197,7 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   LearnerOptions options{1, 1, SmaOptions{}};
   options.tune = true;
   options.tune_window = 3;
+  options.tune_window_seconds = 0.0;
   options.max_learners = 3;
   LearnerGroup group(models::mlp(), recipe(), options);
   TrainReport report = group.fit(train, nullptr, 3);

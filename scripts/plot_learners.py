@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Plot quiver-bench-learners' table: samples/s relative to single-stream against the number of
+learners, one line per model and batch. Writes a self-contained SVG (no plotting library needed).
+
+usage: scripts/plot_learners.py learners.md docs/learners.svg
+"""
+import sys
+
+
+def read_table(path):
+    rows = []
+    with open(path) as f:
+        lines = [line.strip() for line in f if line.strip().startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    ks = [int(h.split()[0]) for h in header if h.endswith("learner(s)")]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        single = float(cells[2])
+        rates = [float(c) for c in cells[3:3 + len(ks)]]
+        rows.append((f"{cells[0]} b{cells[1]}", [r / single for r in rates]))
+    return ks, rows
+
+
+def svg(ks, rows, title):
+    width, height, left, right, top, bottom = 640, 400, 60, 150, 40, 50
+    plot_w, plot_h = width - left - right, height - top - bottom
+    top_ratio = max(1.5, max(max(r) for _, r in rows) * 1.1)
+    x = lambda k: left + (k - ks[0]) / max(1, ks[-1] - ks[0]) * plot_w
+    y = lambda r: top + plot_h - r / top_ratio * plot_h
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="22" font-size="14">{title}</text>']
+    for i in range(int(top_ratio / 0.25) + 1):
+        r = i * 0.25
+        out.append(f'<line x1="{left}" y1="{y(r):.1f}" x2="{left + plot_w}" y2="{y(r):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 8}" y="{y(r) + 4:.1f}" text-anchor="end">{r:.2f}</text>')
+    out.append(f'<line x1="{left}" y1="{y(1):.1f}" x2="{left + plot_w}" y2="{y(1):.1f}" stroke="black" stroke-dasharray="4 3"/>')
+    for k in ks:
+        out.append(f'<text x="{x(k):.1f}" y="{top + plot_h + 18}" text-anchor="middle">{k}</text>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{height - 10}" text-anchor="middle">learners</text>')
+    out.append(f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" '
+               f'text-anchor="middle">samples/s / single-stream</text>')
+    for i, (name, ratios) in enumerate(rows):
+        color = colors[i % len(colors)]
+        points = " ".join(f"{x(k):.1f},{y(r):.1f}" for k, r in zip(ks, ratios))
+        out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for k, r in zip(ks, ratios):
+            out.append(f'<circle cx="{x(k):.1f}" cy="{y(r):.1f}" r="3" fill="{color}"/>')
+        out.append(f'<text x="{left + plot_w + 12}" y="{top + 14 + 18 * i}" fill="{color}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    ks, rows = read_table(sys.argv[1])
+    text = svg(ks, rows, "k learners with SMA vs single-stream (dashed: 1.0)")
+    temporary = sys.argv[2] + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+    import os
+    os.replace(temporary, sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
