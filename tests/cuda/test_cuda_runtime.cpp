@@ -217,6 +217,24 @@ TEST(CudaLearners, KStreamsMatchTheCpuGroup) {
   expect_close(resumed.average(), gpu.average(), 0.0, "z after a checkpoint round trip");
 }
 
+// Learners spread over two GPUs (SMA corrections all-reduced with NCCL) train like the CPU group:
+// the same losses round by round, and z ends close.
+TEST(CudaLearners, TwoGpusMatchTheCpuGroup) {
+  REQUIRE_CUDA_DEVICES(2);
+  Batches data(4 * 16);
+  LearnerGroup cpu(models::mlp(), recipe(Device::cpu()), LearnerOptions{4, 1, SmaOptions{}});
+  LearnerOptions spread{4, 1, SmaOptions{}};
+  spread.devices = 2;
+  LearnerGroup gpus(models::mlp(), recipe(Device::cuda(0)), spread);
+  for (int round = 0; round < 10; ++round) {
+    const double expected = cpu.round(data.images.data(), data.labels.data());
+    const double actual = gpus.round(data.images.data(), data.labels.data());
+    ASSERT_NEAR(actual, expected, 1e-3 * (1.0 + std::fabs(expected))) << "round " << round;
+  }
+  expect_close(gpus.average(), cpu.average(), 1e-2, "z");
+  EXPECT_EQ(gpus.replica(1).flat_params().device(), Device::cuda(1));
+}
+
 // One stream vs several: one learner on the GPU with alpha 0 is plain momentum SGD, exactly the
 // GPU trainer's parameters (same kernels, same order).
 TEST(CudaLearners, OneStreamWithAlphaZeroIsPlainSgd) {
