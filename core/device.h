@@ -38,6 +38,10 @@ class DeviceBackend {
   // Device memory through a caching allocator: release keeps the block for reuse.
   virtual void* allocate(int device, int64_t bytes) = 0;
   virtual void release(int device, void* pointer, int64_t bytes) = 0;
+  // Bytes handed out by allocate() and not released yet: what live tensors hold on `device`.
+  virtual int64_t allocated_bytes(int device) const = 0;
+  // Gives the blocks cached for reuse on `device` back to the driver, once its queued work is done.
+  virtual void release_cached(int device) = 0;
   // Synchronous copies (host<->device, device<->device) and fills, for setup and tests.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) = 0;
   virtual void fill(void* dst, int device, float value, int64_t count) = 0;  // 32-bit words

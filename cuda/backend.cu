@@ -52,12 +52,34 @@ class CachingAllocator {
     if (status != cudaSuccess)
       throw Error(cat("CUDA: cannot allocate ", bytes, " bytes on cuda:", device, ": ",
                       cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
+    pool.in_use += size;
     return block;
   }
 
   void release(int device, void* block, int64_t bytes) {
     std::lock_guard lock(mutex_);
-    pools_[device].released.emplace_back(rounded_size(bytes), block);
+    Pool& pool = pools_[device];
+    pool.in_use -= rounded_size(bytes);
+    pool.released.emplace_back(rounded_size(bytes), block);
+  }
+
+  // Bytes handed out and not released.
+  int64_t allocated_bytes(int device) {
+    std::lock_guard lock(mutex_);
+    return pools_[device].in_use;
+  }
+
+  // Frees every cached block of `device` once the device's queued work is done.
+  void release_cached(int device) {
+    std::lock_guard lock(mutex_);
+    Pool& pool = pools_[device];
+    if (pool.free.empty() && pool.released.empty()) return;
+    use_device(device);
+    QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto& [size, block] : pool.free) QUIVER_CUDA_CHECK(cudaFree(block));
+    for (auto& [size, block] : pool.released) QUIVER_CUDA_CHECK(cudaFree(block));
+    pool.free.clear();
+    pool.released.clear();
   }
 
   // Bytes held for reuse (free or waiting) on `device`.
@@ -73,12 +95,14 @@ class CachingAllocator {
   struct Pool {
     std::multimap<int64_t, void*> free;
     std::vector<std::pair<int64_t, void*>> released;
+    int64_t in_use = 0;  // bytes handed out, not released
   };
   static void* take(Pool& pool, int64_t size) {
     auto found = pool.free.find(size);
     if (found == pool.free.end()) return nullptr;
     void* block = found->second;
     pool.free.erase(found);
+    pool.in_use += size;
     return block;
   }
   std::mutex mutex_;
@@ -145,6 +169,8 @@ class CudaBackend final : public DeviceBackend {
 
   void* allocate(int device, int64_t bytes) override { return allocator_.allocate(device, bytes); }
   void release(int device, void* pointer, int64_t bytes) override { allocator_.release(device, pointer, bytes); }
+  int64_t allocated_bytes(int device) const override { return allocator_.allocated_bytes(device); }
+  void release_cached(int device) override { allocator_.release_cached(device); }
 
   // Synchronous in the full sense: the legacy default stream does not wait for the non-blocking
   // streams, so the devices involved are drained before (queued work may still read or write

@@ -249,5 +249,37 @@ TEST(CudaLearners, OneStreamWithAlphaZeroIsPlainSgd) {
   expect_close(group.replica(0).flat_params(), plain.params().flat_params(), 0.0, "parameters");
 }
 
+// Every byte a learner group takes from the caching allocator (replicas, plans, SMA buffers,
+// a resize's rebuilt learners) is given back when the group dies.
+TEST(CudaMemory, IsGivenBackWhenTheLearnersDie) {
+  REQUIRE_CUDA_DEVICES(1);
+  DeviceBackend& backend = *device_backend(DeviceKind::CUDA);
+  const int64_t before = backend.allocated_bytes(0);
+  {
+    Batches data(3 * 16);
+    LearnerGroup group(models::cnn(), recipe(Device::cuda(0)), LearnerOptions{2, 1, SmaOptions{}});
+    for (int round = 0; round < 3; ++round) group.round(data.images.data(), data.labels.data());
+    EXPECT_GT(backend.allocated_bytes(0), before);
+    group.resize(3, 1);
+    group.round(data.images.data(), data.labels.data());
+  }
+  EXPECT_EQ(backend.allocated_bytes(0), before);
+  backend.release_cached(0);
+  EXPECT_EQ(backend.allocated_bytes(0), before) << "releasing the cache frees only unused blocks";
+}
+
+// After the last test the allocator's cached blocks go back to the driver, so a leak check
+// (compute-sanitizer --leak-check full) reports only memory that something still holds.
+class ReleaseCachedDeviceMemory : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    DeviceBackend* backend = device_backend(DeviceKind::CUDA);
+    if (backend == nullptr) return;
+    for (int device = 0; device < backend->device_count(); ++device) backend->release_cached(device);
+  }
+};
+::testing::Environment* const release_cached_device_memory =
+    ::testing::AddGlobalTestEnvironment(new ReleaseCachedDeviceMemory);
+
 }  // namespace
 }  // namespace quiver
