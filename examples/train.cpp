@@ -41,14 +41,20 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     group.load(command.resume);
     std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds done)\n";
   }
-  if (command.learners_auto && !command.train.device.is_cpu())
+  const bool on_cpu = command.train.device.is_cpu();
+  // "2 learner(s) x 1 thread(s)" on the CPU; "2 learner(s) (CUDA streams)" on a GPU, where
+  // threads do not apply.
+  auto configuration = [&](int learners, int threads) {
+    return on_cpu ? cat(learners, " learner(s) x ", threads, " thread(s)") : cat(learners, " learner(s) (CUDA streams)");
+  };
+  if (command.learners_auto && !on_cpu)
     std::cout << "learners: auto (start with 1 learner = 1 CUDA stream on " << command.train.device.str()
               << "; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
   else if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
               << " threads; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
   else
-    std::cout << "learners: " << group.learners() << " x " << group.threads_per_learner() << " thread(s), sync "
+    std::cout << "learners: " << configuration(group.learners(), group.threads_per_learner()) << ", sync "
               << command.sync << "\n";
   if (!command.quiet) group.on_progress(show_progress);
   TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
@@ -58,19 +64,26 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                 static_cast<long long>(e.epoch), e.mean_loss, 100.0 * e.test_accuracy, e.seconds,
                 e.samples_per_second);
   const std::vector<TunerStep>& history = group.tuner_history();
-  if (!history.empty()) {
+  if (command.learners_auto) {
     std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, measured in this run):\n",
                 options.tune_window, options.tune_window_seconds);
-    for (size_t i = 0; i + 1 < history.size(); ++i)
-      std::printf("  %d learner(s) x %d thread(s): %.0f samples/s%s\n", history[i].learners,
-                  history[i].threads_per_learner, history[i].samples_per_second,
-                  i != 0                               ? ""
-                  : command.train.device.is_cpu() ? "  (single-stream: one learner, all cores)"
-                                                  : "  (single-stream: one learner, one CUDA stream)");
-    const TunerStep& chosen = history.back();
-    std::printf("chose %d learner(s) x %d thread(s): %.0f samples/s, %.2fx single-stream\n", chosen.learners,
-                chosen.threads_per_learner, chosen.samples_per_second,
-                chosen.samples_per_second / history.front().samples_per_second);
+    // Once settled, the last entry repeats the choice; until then every entry is a measurement.
+    const size_t measured = group.tuned() ? history.size() - 1 : history.size();
+    for (size_t i = 0; i < measured; ++i)
+      std::printf("  %s: %.0f samples/s%s\n", configuration(history[i].learners, history[i].threads_per_learner).c_str(),
+                  history[i].samples_per_second,
+                  i != 0   ? ""
+                  : on_cpu ? "  (single-stream: one learner, all cores)"
+                           : "  (single-stream: one learner, one CUDA stream)");
+    if (group.tuned()) {
+      const TunerStep& chosen = history.back();
+      std::printf("chose %s: %.0f samples/s, %.2fx single-stream\n",
+                  configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
+                  chosen.samples_per_second / history.front().samples_per_second);
+    } else {
+      std::printf("not settled: training ended while %s were being measured (more --epochs give it the rounds)\n",
+                  configuration(group.learners(), group.threads_per_learner()).c_str());
+    }
   }
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
               static_cast<long long>(report.steps), report.seconds);

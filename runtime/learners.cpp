@@ -39,6 +39,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
   if (!(options.tune_window_seconds >= 0.0))
     throw Error(cat("tune window must be >= 0 seconds, got ", options.tune_window_seconds));
+  if (!(options.tune_warmup_seconds >= 0.0))
+    throw Error(cat("tune warm-up must be >= 0 seconds, got ", options.tune_warmup_seconds));
   // Default ceiling: twice the cores on the CPU; 8 streams per GPU (Crossbow's range) on CUDA.
   if (options.max_learners == 0)
     options_.max_learners = train_.device.is_cpu() ? 2 * available_cores() : 8 * std::max(1, options.devices);
@@ -249,6 +251,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     for (auto& learner : learners_)
       if (learner->trainer->executor()) left = std::max<int64_t>(left, learner->trainer->executor()->tuning_runs_left());
     warmup_rounds = left + 3;
+    measure_start = Clock::now();
     measured_rounds = 0;
     measured_samples = 0;
   };
@@ -280,7 +283,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuning) {
         if (warmup_rounds > 0) {  // a new configuration's executors profile first: not measured
-          if (--warmup_rounds == 0) measure_start = Clock::now();
+          if (warmup_rounds > 1 || seconds_since(measure_start) >= options_.tune_warmup_seconds)
+            if (--warmup_rounds == 0) measure_start = Clock::now();
         } else {
           ++measured_rounds;
           measured_samples += k * batch_;

@@ -47,6 +47,10 @@ struct LearnerOptions {
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
   int tune_window = 20;          // rounds measured per configuration, after its warm-up...
   double tune_window_seconds = 0.5;  // ...and at least this long: short windows on a shared machine are noise
+  // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
+  // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
+  // handles' first calls, pinned staging buffers) that otherwise land in the measured window.
+  double tune_warmup_seconds = 0.2;
   int max_learners = 0;          // 0: twice the cores (CPU), 8 per GPU (CUDA)
   int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
 };

@@ -149,6 +149,9 @@ TEST(Learners, SeveralLearnersConverge) {
 TEST(Learners, ErrorsAreClear) {
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);
+  LearnerOptions negative_warmup{1, 1, SmaOptions{}};
+  negative_warmup.tune_warmup_seconds = -1.0;
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), negative_warmup), Error);
   // A learner's NaN loss reaches the caller, naming the step.
   Batches data(2 * 8);
   TrainOptions train = recipe();
@@ -198,6 +201,7 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   options.tune = true;
   options.tune_window = 3;
   options.tune_window_seconds = 0.0;
+  options.tune_warmup_seconds = 0.0;
   options.max_learners = 3;
   LearnerGroup group(models::mlp(), recipe(), options);
   TrainReport report = group.fit(train, nullptr, 3);
