@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +16,16 @@
 #include "runtime/thread_budget.h"
 
 namespace quiver::bench {
+
+// True (after printing `usage`) when --help or -h is among the arguments: the program then exits 0.
+inline bool help_requested(int argc, char** argv, const char* usage) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(usage, stdout);
+      return true;
+    }
+  return false;
+}
 
 inline std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> parts;

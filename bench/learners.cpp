@@ -54,7 +54,20 @@ Options parse(int argc, char** argv) {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: quiver-bench-learners [options]\n"
+    "Training samples/s of k learners kept consistent by SMA vs single-stream, and the tuner's pick.\n"
+    "\n"
+    "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
+    "  --batches LIST    per-learner batch sizes (default 16,64)\n"
+    "  --learners LIST   learner counts to measure (default 1,2,3,4)\n"
+    "  --device D        cpu (default), cuda or cuda:N (a learner is one CUDA stream)\n"
+    "  --threads T       CPU threads in all (default: all available cores)\n"
+    "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 20, 5)\n"
+    "  --output FILE     also write the table there (atomically)\n";
+
 int main(int argc, char** argv) {
+  if (quiver::bench::help_requested(argc, argv, kUsage)) return 0;
   Options o;
   try {
     o = parse(argc, argv);
@@ -128,7 +141,8 @@ int main(int argc, char** argv) {
         double best = 0.0;
         for (int k : o.learners) best = std::max(best, bench::median(rates[k]));
         if (rates.count(chosen.learners))
-          row += cat(" ", chosen.learners, " x ", chosen.threads_per_learner, " | ",
+          row += cat(" ", chosen.learners, o.device.is_cpu() ? cat(" x ", chosen.threads_per_learner) : std::string(" streams"),
+                     " | ",
                      static_cast<int>(100 * bench::median(rates[chosen.learners]) / best) / 100.0, " |");
         else
           row += cat(" ", chosen.learners, " (not measured) | - |");

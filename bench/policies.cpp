@@ -111,7 +111,18 @@ std::string percent(const std::vector<double>& errors) {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: quiver-bench-policies [options]\n"
+    "Step time of the executor's policies (serial, intra, fixed pairs, auto) side by side.\n"
+    "\n"
+    "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
+    "  --batches LIST    batch sizes (default 16,64,256)\n"
+    "  --threads T       threads (default: all available cores)\n"
+    "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 50, 5)\n"
+    "  --output FILE     also write the table there (atomically)\n";
+
 int main(int argc, char** argv) {
+  if (quiver::bench::help_requested(argc, argv, kUsage)) return 0;
   Options o;
   try {
     o = parse(argc, argv);

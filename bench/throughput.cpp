@@ -135,7 +135,23 @@ double peer_samples_per_second(const std::string& model, int64_t batch, int thre
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: quiver-bench-throughput [options]\n"
+    "Training samples/s of the bundled models over batch sizes and thread counts, with the libtorch\n"
+    "peer side by side when it was built.\n"
+    "\n"
+    "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
+    "  --batches LIST    batch sizes (default 16,64,256)\n"
+    "  --threads LIST    thread counts (default 1,2)\n"
+    "  --policy P        executor policy: auto (default), serial, intra, fixed\n"
+    "  --device D        cpu (default), cuda or cuda:N (one CUDA stream; no peer)\n"
+    "  --warmup N --steps N --runs N   warm-up steps, steps per run, runs (default 20, 100, 5)\n"
+    "  --no-peer         do not run the libtorch peer\n"
+    "  --profile         print where each grid point's step time goes, by op\n"
+    "  --output FILE     also write the table there (atomically)\n";
+
 int main(int argc, char** argv) {
+  if (quiver::bench::help_requested(argc, argv, kUsage)) return 0;
   BenchOptions o;
   try {
     o = parse(argc, argv);
@@ -144,8 +160,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
-  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), policy %s, %d cores%s\n",
-              o.runs, o.steps, o.warmup, o.device.is_cpu() ? o.policy.c_str() : o.device.str().c_str(), available_cores(),
+  const std::string setting =
+      o.device.is_cpu() ? cat("policy ", o.policy) : cat("one CUDA stream on ", o.device.str());
+  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %s, %d cores%s\n",
+              o.runs, o.steps, o.warmup, setting.c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
   std::string table = "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
   std::printf("%s", table.c_str());
