@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/shape.h"
@@ -55,6 +57,15 @@ class DeviceBackend {
   virtual void download(const ExecContext& stream, void* dst, const void* src, int64_t bytes) = 0;
   // Device -> device on `stream`, after the work queued there so far.
   virtual void copy_async(const ExecContext& stream, void* dst, const void* src, int64_t bytes) = 0;
+  // CUDA graphs: records the work `body` queues on `stream` without running it, and returns a
+  // handle that replay() queues as one launch. Null, with the reason in `why`, when the work
+  // cannot be captured (the stream is then as before and nothing ran); an exception from `body`
+  // ends the capture and propagates.
+  virtual std::shared_ptr<void> capture(const ExecContext& stream, const std::function<void()>& body,
+                                        std::string& why) = 0;
+  // Queues a captured graph on `stream`. False, queuing nothing, when the graph is stale: the
+  // stream's workspace has moved since it was captured.
+  virtual bool replay(const ExecContext& stream, const void* graph) = 0;
   // Blocks until the work queued on `stream` is done; rethrows its error.
   virtual void synchronize(const ExecContext& stream) = 0;
   // Work queued on `later` from now on waits (on the device, through an event) for the work

@@ -136,6 +136,13 @@ __global__ void fill_kernel(float* dst, float value, int64_t count) {
     dst[i] = value;
 }
 
+// A captured, instantiated CUDA graph and the workspace it was captured with.
+struct CapturedGraph {
+  cudaGraphExec_t exec = nullptr;
+  int device = 0;
+  int64_t workspace_generation = 0;
+};
+
 const StreamContext& as_stream(const ExecContext& ctx) {
   const auto* stream = dynamic_cast<const StreamContext*>(&ctx);
   if (!stream) throw Error("CUDA: an operation on a CUDA device was given a context that is not a CUDA stream");
@@ -221,6 +228,47 @@ class CudaBackend final : public DeviceBackend {
     use_device(stream.device());
     QUIVER_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
                                       stream.stream()));
+  }
+
+  std::shared_ptr<void> capture(const ExecContext& ctx, const std::function<void()>& body,
+                                std::string& why) override {
+    const StreamContext& stream = as_stream(ctx);
+    use_device(stream.device());
+    // Thread-local: other learners' threads may allocate or synchronise meanwhile.
+    QUIVER_CUDA_CHECK(cudaStreamBeginCapture(stream.stream(), cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      body();
+    } catch (...) {
+      cudaStreamEndCapture(stream.stream(), &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();  // the capture's error is not the caller's
+      throw;
+    }
+    cudaError_t status = cudaStreamEndCapture(stream.stream(), &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      why = cat(cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+      return nullptr;
+    }
+    auto* captured = new CapturedGraph{exec, stream.device(), stream.workspace_generation()};
+    return std::shared_ptr<void>(captured, [](CapturedGraph* g) {
+      use_device(g->device);
+      cudaGraphExecDestroy(g->exec);
+      delete g;
+    });
+  }
+
+  bool replay(const ExecContext& ctx, const void* handle) override {
+    const StreamContext& stream = as_stream(ctx);
+    const auto* captured = static_cast<const CapturedGraph*>(handle);
+    if (captured->workspace_generation != stream.workspace_generation()) return false;
+    use_device(stream.device());
+    QUIVER_CUDA_CHECK(cudaGraphLaunch(captured->exec, stream.stream()));
+    return true;
   }
 
   void synchronize(const ExecContext& ctx) override {

@@ -57,6 +57,11 @@ StreamContext::~StreamContext() {
 void* StreamContext::workspace(int64_t bytes) const {
   if (bytes <= workspace_bytes_) return workspace_;
   use_device(device_);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  QUIVER_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone)  // a graph cannot record a reallocation
+    throw Error(cat("CUDA: the stream's workspace would grow to ", bytes, " bytes while capturing a graph"));
+  ++workspace_generation_;
   // Work already queued may still read the old buffer: free it only after the stream drains.
   if (workspace_) {
     QUIVER_CUDA_CHECK(cudaStreamSynchronize(stream_));

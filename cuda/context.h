@@ -36,6 +36,8 @@ class StreamContext final : public ExecContext {
   // Scratch of at least `bytes` on this stream's device, reused by every kernel of the stream
   // (work on one stream is ordered, so one buffer suffices). Valid until the next call.
   void* workspace(int64_t bytes) const;
+  // Counts the workspace's moves: a CUDA graph captured with one workspace is stale after a move.
+  int64_t workspace_generation() const { return workspace_generation_; }
   // Pinned host memory for staging copies: a ring of buffers used in turn, each with an event
   // marking the end of the copy that last used it. A training step stages its batch, labels and
   // scalars and fetches its loss, fewer copies than the ring holds, so a step's copies never wait
@@ -60,6 +62,7 @@ class StreamContext final : public ExecContext {
   cudnnHandle_t cudnn_ = nullptr;
   mutable void* workspace_ = nullptr;
   mutable int64_t workspace_bytes_ = 0;
+  mutable int64_t workspace_generation_ = 0;
 };
 
 // The stream of a kernel call, with its device made current on this thread so launches go there;

@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
       std::cout << o.threads << " thread(s), policy " << o.policy;
       if (o.policy == "fixed") std::cout << " " << o.inter << "x" << o.intra;
     } else {
-      std::cout << "device " << o.device.str() << " (kernels in order on each learner's stream)";
+      std::cout << "device " << o.device.str() << " (kernels in order on each learner's stream, CUDA graphs "
+                << (o.device_graphs ? "on" : "off") << ")";
     }
     std::cout << ", " << o.optimizer << " lr " << o.learning_rate
               << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
@@ -157,6 +158,10 @@ int main(int argc, char** argv) {
                   100.0 * e.test_accuracy, e.seconds, e.samples_per_second);
     std::printf("throughput: %.0f samples/s over %lld steps (%.1f s)\n", report.samples_per_second,
                 static_cast<long long>(report.steps), report.seconds);
+    if (const Plan& plan = trainer.train_plan(); !o.device.is_cpu() && o.device_graphs && !plan.replaying_graph())
+      std::cout << "CUDA graphs: not used, every step ran eagerly"
+                << (plan.device_graph_failure().empty() ? std::string() : cat(" (capture failed: ", plan.device_graph_failure(), ")"))
+                << "\n";
     if (command.explain) {
       if (trainer.executor())
         std::cout << trainer.executor()->explain();

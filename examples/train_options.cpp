@@ -56,6 +56,8 @@ std::string train_usage() {
          "                         CUDA stream and --policy/--threads do not apply\n"
          "  --gpus N               with --device cuda and --learners: spread the learners over\n"
          "                         N GPUs from the given one on (SMA all-reduced with NCCL)\n"
+         "  --cuda-graphs on|off   with --device cuda: replay each step as a captured CUDA graph\n"
+         "                         after two eager steps (default on)\n"
          "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
          "  --lr X                 learning rate (default 0.01)\n"
          "  --momentum X           SGD momentum (default 0.9)\n"
@@ -89,6 +91,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   command.train.threads = available_cores();
   command.train.profile_cache = default_profile_cache();
   std::string inter_or_intra;
+  bool cuda_graphs_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "--help" || flag == "-h") {
@@ -140,6 +143,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       }
     } else if (flag == "--gpus") {
       command.gpus = static_cast<int>(parse_int(flag, value, 1, 64));
+    } else if (flag == "--cuda-graphs") {
+      if (value != "on" && value != "off") throw Error(cat("--cuda-graphs: expected on or off, got '", value, "'"));
+      command.train.device_graphs = value == "on";
+      cuda_graphs_given = true;
     } else if (flag == "--policy") {
       if (value != "auto" && value != "serial" && value != "intra" && value != "fixed")
         throw Error(cat("--policy: expected auto, serial, intra or fixed, got '", value, "'"));
@@ -185,6 +192,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   }
   const bool multi = command.learners > 0;
   if (command.gpus > 1 && command.train.device.is_cpu()) throw Error("--gpus: only with --device cuda");
+  if (cuda_graphs_given && command.train.device.is_cpu()) throw Error("--cuda-graphs: only with --device cuda");
   if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");

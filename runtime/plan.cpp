@@ -57,6 +57,7 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
   else
     context_ = std::make_shared<ThreadBudget>(options.threads);
   profile_ = options.profile;
+  device_graphs_ = options.device_graphs && !device_.is_cpu();
   store.check_compatible(graph);
   for (NodeId id : needed_nodes(graph, fetches)) {
     PlanStep step;
@@ -68,7 +69,14 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
   choose_kernels(options);
 }
 
-Plan::~Plan() = default;
+Plan::~Plan() {
+  if (!device_graph_) return;
+  try {  // a replay may still be running: let it finish before its graph goes
+    synchronize();
+  } catch (const Error&) {  // the stream's error surfaced elsewhere already; destroy anyway
+  }
+  device_graph_.reset();
+}
 
 int Plan::threads() const { return context_->threads(); }
 
@@ -200,8 +208,37 @@ const Tensor& Plan::tensor(Value value) const {
 
 void Plan::run() {
   int64_t run_index = begin_run();
+  if (device_graphs_ && !profile_ && !trace_ && run_device_graph()) return;
   for (int position = 0; position < static_cast<int>(steps_.size()); ++position)
     run_step(position, *context_, run_index);
+}
+
+// Eager runs first: kernels pick their algorithms and the stream's workspace reaches its size
+// (a graph records pointers, so nothing may move after the capture). Then one run is captured
+// and every later run replays it, until the workspace moves (another plan on the stream needed
+// more), which means eager runs and a new capture. False: run eagerly this time.
+bool Plan::run_device_graph() {
+  constexpr int kEagerRunsBeforeCapture = 2;
+  DeviceBackend& backend = backend_for(device_);
+  if (device_graph_ && backend.replay(*context_, device_graph_.get())) return true;
+  if (device_graph_) device_graph_.reset(), eager_runs_ = 0;
+  if (eager_runs_++ < kEagerRunsBeforeCapture) return false;
+  try {
+    device_graph_ = backend.capture(
+        *context_,
+        [this] {
+          for (int position = 0; position < static_cast<int>(steps_.size()); ++position)
+            run_step(position, *context_, runs_);
+        },
+        device_graph_failure_);
+  } catch (const Error& error) {  // a kernel's library refused to be captured: stay eager
+    device_graph_failure_ = error.what();
+  }
+  if (!device_graph_) {
+    device_graphs_ = false;
+    return false;
+  }
+  return backend.replay(*context_, device_graph_.get());
 }
 
 void Plan::upload(const Tensor& dst, const void* src) const {

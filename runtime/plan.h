@@ -29,6 +29,9 @@ struct PlanOptions {
   Device device;
   // A device plan's stream (DeviceBackend::make_stream); null: the plan makes its own.
   std::shared_ptr<ExecContext> stream;
+  // On a device: after a few eager runs, capture one run as a graph (CUDA graphs) and replay it,
+  // one launch per run instead of one per kernel. Not while profiling or tracing.
+  bool device_graphs = true;
 };
 
 struct PlanStep {
@@ -83,11 +86,15 @@ class Plan {
   std::string profile_report(int top) const;
   int64_t activation_bytes() const { return activation_bytes_; }
   int threads() const;
+  // Device graphs: whether run() replays a captured graph now, and why not when capture failed.
+  bool replaying_graph() const { return device_graph_ != nullptr; }
+  const std::string& device_graph_failure() const { return device_graph_failure_; }
 
  private:
   void bind_values(ParamStore& store);
   void plan_activations(const std::vector<Value>& fetches);
   void choose_kernels(const PlanOptions& options);
+  bool run_device_graph();
 
   const Graph& graph_;
   std::vector<Tensor> tensors_;  // by value id
@@ -98,6 +105,12 @@ class Plan {
   bool profile_ = false;
   Trace* trace_ = nullptr;
   int64_t runs_ = 0;
+  // Device graphs: on when asked for and the plan is on a device; eager runs since the last
+  // (re)capture; the captured graph; why capture failed (graphs then stay off).
+  bool device_graphs_ = false;
+  int eager_runs_ = 0;
+  std::shared_ptr<void> device_graph_;
+  std::string device_graph_failure_;
 };
 
 }  // namespace quiver

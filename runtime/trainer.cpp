@@ -55,6 +55,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   plan_options.threads = options_.threads;
   plan_options.profile = options_.profile;
   plan_options.device = options_.device;
+  plan_options.device_graphs = options_.device_graphs;
   std::vector<Value> fetches{loss_, probs_};
   if (!options_.apply_update)  // nothing in-place needs the gradients: fetch them
     for (const ValueInfo& info : train_graph_.values())

@@ -44,6 +44,8 @@ struct TrainOptions {
   // Where the model trains. On a CUDA device the plans queue their kernels in order on one
   // stream of the learner's (policy, threads and the profile cache do not apply there).
   Device device;
+  // On a device, replay each plan's run as a captured graph after two eager runs (PlanOptions).
+  bool device_graphs = true;
 };
 
 struct Progress {

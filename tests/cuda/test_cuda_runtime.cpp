@@ -193,6 +193,40 @@ TEST(CudaTraining, ShortRunFollowsTheCpuLossCurve) {
   }
 }
 
+// Replaying a captured CUDA graph computes what eager runs compute, for each model, also after
+// an evaluation with a larger batch moved the stream's workspace under the captured graph (the
+// stale graph must be dropped and the step captured again).
+TEST(CudaGraphs, ReplayMatchesEagerRunsAndSurvivesAWorkspaceMove) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(64);
+  Dataset samples;
+  samples.count = 64, samples.rows = 28, samples.cols = 28;
+  samples.images = data.images;
+  samples.labels = data.labels;
+  for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
+    TrainOptions options = recipe(Device::cuda(0));
+    options.eval_batch = 64;  // four times the training batch: the evaluation needs more workspace
+    TrainOptions eager_options = options;
+    eager_options.device_graphs = false;
+    Trainer graphs(model, options), eager(model, eager_options);
+    auto steps = [&](int count, const char* phase) {
+      for (int step = 0; step < count; ++step) {
+        const double expected = eager.train_step(data.images.data(), data.labels.data());
+        const double actual = graphs.train_step(data.images.data(), data.labels.data());
+        ASSERT_NEAR(actual, expected, 1e-6 * (1.0 + std::fabs(expected))) << model.name << " " << phase << " " << step;
+      }
+    };
+    steps(6, "before evaluation");
+    EXPECT_TRUE(graphs.train_plan().replaying_graph())
+        << model.name << ": " << graphs.train_plan().device_graph_failure();
+    EXPECT_FALSE(eager.train_plan().replaying_graph());
+    EXPECT_NEAR(graphs.evaluate(samples), eager.evaluate(samples), 1e-9) << model.name;
+    steps(6, "after evaluation");
+    EXPECT_TRUE(graphs.train_plan().replaying_graph()) << model.name << ": captured again";
+    expect_close(graphs.params().flat_params(), eager.params().flat_params(), 1e-6, model.name.c_str());
+  }
+}
+
 // k learners on k CUDA streams with SMA on a sync stream give what the CPU learner group gives
 // on the same batches (the reference: the same SMA arithmetic, serially).
 TEST(CudaLearners, KStreamsMatchTheCpuGroup) {

@@ -29,6 +29,8 @@ TEST(TrainOptions, DeviceAndGpus) {
   TrainCommand c = parse_train_command({"--device", "cuda:1", "--learners", "4", "--gpus", "2"});
   EXPECT_EQ(c.train.device, Device::cuda(1));
   EXPECT_EQ(c.gpus, 2);
+  EXPECT_TRUE(c.train.device_graphs);
+  EXPECT_FALSE(parse_train_command({"--device", "cuda", "--cuda-graphs", "off"}).train.device_graphs);
 }
 
 struct BadFlag {
@@ -56,6 +58,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BadFlag{{"--device", "tpu"}, "--device"}, BadFlag{{"--device", "cuda:x"}, "--device"},
                       BadFlag{{"--gpus", "0"}, "--gpus"}, BadFlag{{"--gpus", "2", "--learners", "2"}, "--gpus"},
                       BadFlag{{"--device", "cuda", "--gpus", "2"}, "--gpus"},
+                      BadFlag{{"--device", "cuda", "--cuda-graphs", "yes"}, "--cuda-graphs"},
+                      BadFlag{{"--cuda-graphs", "on"}, "--cuda-graphs"},
                       BadFlag{{"--model", "resnet"}, "--model"}, BadFlag{{"--batch", "0"}, "--batch"},
                       BadFlag{{"--batch", "abc"}, "--batch"}, BadFlag{{"--batch", "12x"}, "--batch"},
                       BadFlag{{"--epochs", "-1"}, "--epochs"}, BadFlag{{"--threads", "0"}, "--threads"},
