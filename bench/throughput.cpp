@@ -3,8 +3,9 @@
 // (quiver-torch-peer) was built, each grid point also runs the same model and recipe in libtorch,
 // right after Quiver, in the same invocation, and the ratio Quiver/libtorch is printed.
 // Data: a pool of 64 fixed random batches cycled through, so no I/O is timed (as in the peer).
-// --device cuda[:N]: one model on one CUDA stream (threads and policy do not apply; no peer, the
-// libtorch peer is a CPU build). For multi-stream vs single-stream on a GPU, quiver-bench-learners.
+// --device cuda[:N]: one model on one CUDA stream, its step replayed as a CUDA graph vs launched
+// kernel by kernel (threads and policy do not apply; no peer, the libtorch peer is a CPU build).
+// For multi-stream vs single-stream on a GPU, quiver-bench-learners.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -87,33 +88,40 @@ BenchOptions parse(int argc, char** argv) {
   return o;
 }
 
-double quiver_samples_per_second(const std::string& model, int64_t batch, int threads, const BenchOptions& o) {
+// Median samples/s of each variant of the training options (same model, batch and threads),
+// their runs interleaved so drift on a shared machine hits all alike.
+std::vector<double> quiver_samples_per_second(const std::string& model, int64_t batch, int threads,
+                                              const BenchOptions& o, const std::vector<bool>& device_graphs) {
   ModelSpec spec = models::by_name(model);
   const BatchPool data(spec, batch);
-  std::vector<double> rates;
-  for (int run = 0; run < o.runs; ++run) {
-    TrainOptions options;
-    options.batch = batch;
-    options.threads = threads;
-    options.eval_batch = 1;
-    options.profile = o.profile && run == 0;
-    options.policy = o.policy;
-    options.device = o.device;
-    Trainer trainer(spec, options);
-    auto step = [&](int i) { trainer.train_step(data.images_of(i), data.labels_of(i)); };
-    int warmed = 0;
-    for (; warmed < o.warmup; ++warmed) step(warmed);
-    // auto profiles and tries schedules first: that is warm-up too, never timed.
-    while (trainer.executor() && !trainer.executor()->tuned()) step(warmed++);
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) step(warmed + i);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rates.push_back(o.steps * batch / seconds);
-    if (options.profile)
-      std::printf("profile %s batch %lld threads %d (warm-up and timed steps):\n%s", model.c_str(),
-                  static_cast<long long>(batch), threads, trainer.train_plan().profile_report(8).c_str());
-  }
-  return median(rates);
+  std::vector<std::vector<double>> rates(device_graphs.size());
+  for (int run = 0; run < o.runs; ++run)
+    for (size_t variant = 0; variant < device_graphs.size(); ++variant) {
+      TrainOptions options;
+      options.batch = batch;
+      options.threads = threads;
+      options.eval_batch = 1;
+      options.profile = o.profile && run == 0;
+      options.policy = o.policy;
+      options.device = o.device;
+      options.device_graphs = device_graphs[variant];
+      Trainer trainer(spec, options);
+      auto step = [&](int i) { trainer.train_step(data.images_of(i), data.labels_of(i)); };
+      int warmed = 0;
+      for (; warmed < o.warmup; ++warmed) step(warmed);
+      // auto profiles and tries schedules first: that is warm-up too, never timed.
+      while (trainer.executor() && !trainer.executor()->tuned()) step(warmed++);
+      auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.steps; ++i) step(warmed + i);
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rates[variant].push_back(o.steps * batch / seconds);
+      if (options.profile)
+        std::printf("profile %s batch %lld threads %d (warm-up and timed steps):\n%s", model.c_str(),
+                    static_cast<long long>(batch), threads, trainer.train_plan().profile_report(8).c_str());
+    }
+  std::vector<double> medians;
+  for (const std::vector<double>& r : rates) medians.push_back(median(r));
+  return medians;
 }
 
 // Runs the libtorch peer for one grid point; -1 when it is not available or fails.
@@ -144,7 +152,8 @@ constexpr char kUsage[] =
     "  --batches LIST    batch sizes (default 16,64,256)\n"
     "  --threads LIST    thread counts (default 1,2)\n"
     "  --policy P        executor policy: auto (default), serial, intra, fixed\n"
-    "  --device D        cpu (default), cuda or cuda:N (one CUDA stream; no peer)\n"
+    "  --device D        cpu (default), cuda or cuda:N (one CUDA stream, CUDA graphs vs eager;\n"
+    "                    no peer)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per run, runs (default 20, 100, 5)\n"
     "  --no-peer         do not run the libtorch peer\n"
     "  --profile         print where each grid point's step time goes, by op\n"
@@ -165,14 +174,27 @@ int main(int argc, char** argv) {
   std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %s, %d cores%s\n",
               o.runs, o.steps, o.warmup, setting.c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
-  std::string table = "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
+  // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
+  const bool on_gpu = !o.device.is_cpu();
+  std::string table = on_gpu ? "| model | batch | CUDA graphs | eager | graphs / eager |\n|---|---|---|---|---|\n"
+                             : "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
   std::printf("%s", table.c_str());
   std::fflush(stdout);
   try {
     for (const std::string& model : o.models)
       for (int64_t batch : o.batches)
         for (int threads : o.threads) {
-          double ours = quiver_samples_per_second(model, batch, threads, o);
+          if (on_gpu) {
+            const std::vector<double> rates = quiver_samples_per_second(model, batch, threads, o, {true, false});
+            std::string row = cat("| ", model, " | ", batch, " | ", static_cast<int64_t>(rates[0]), " | ",
+                                  static_cast<int64_t>(rates[1]), " | ",
+                                  static_cast<double>(static_cast<int64_t>(rates[0] / rates[1] * 100)) / 100, " |\n");
+            table += row;
+            std::printf("%s", row.c_str());
+            std::fflush(stdout);
+            continue;
+          }
+          double ours = quiver_samples_per_second(model, batch, threads, o, {true})[0];
           double theirs = peer ? peer_samples_per_second(model, batch, threads, o) : -1.0;
           std::string row = theirs > 0 ? cat("| ", model, " | ", batch, " | ", threads, " | ", static_cast<int64_t>(ours),
                                              " | ", static_cast<int64_t>(theirs), " | ",
