@@ -142,15 +142,27 @@ void LearnerGroup::refresh_average() const {
 }
 
 double LearnerGroup::round(const float* images, const int32_t* labels) {
+  std::vector<const float*> image_batches;
+  std::vector<const int32_t*> label_batches;
+  for (int64_t j = 0; j < learners(); ++j) {
+    image_batches.push_back(images + j * batch_ * features_);
+    label_batches.push_back(labels + j * batch_);
+  }
+  return round(image_batches, label_batches);
+}
+
+double LearnerGroup::round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels) {
+  if (images.size() != learners_.size() || labels.size() != learners_.size())
+    throw Error(cat("learners: a round needs one batch per learner (", learners_.size(), "), got ", images.size(),
+                    " image and ", labels.size(), " label batches"));
   // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
   // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is
-  // a few hundred.
+  // a few hundred. Each learner stages its own batch (on a device: into pinned memory).
   const bool snapshot = !sma_from_velocity() && !alone();
-  auto step = [this, images, labels, snapshot](size_t j) {
+  auto step = [this, &images, &labels, snapshot](size_t j) {
     Learner& learner = *learners_[j];
     if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
-    learner.loss = learner.trainer->train_step(images + static_cast<int64_t>(j) * batch_ * features_,
-                                               labels + static_cast<int64_t>(j) * batch_);
+    learner.loss = learner.trainer->train_step(images[j], labels[j]);
   };
   for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream.submit([step, j] { step(j); });
   std::exception_ptr first_error;
@@ -257,8 +269,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   };
   if (tuning) start_measuring();
 
-  std::vector<float> images;
-  std::vector<int32_t> labels;
+  std::vector<Batch> batches;  // one per learner, handed to the learners as they came
+  std::vector<const float*> images;
+  std::vector<const int32_t*> labels;
   TrainReport report;
   Clock::time_point run_start = Clock::now();
   int64_t rounds = 0, samples = 0, batches_in_epoch = 0;
@@ -270,15 +283,11 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     int64_t epoch_rounds = 0, epoch_samples = 0;
     for (batches_in_epoch = 0; batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds);) {
       const int k = learners();
-      images.resize(static_cast<size_t>(k * batch_ * features_));
-      labels.resize(static_cast<size_t>(k * batch_));
-      for (int j = 0; j < k; ++j) {
-        Batch batch = batcher.next();
-        std::copy(batch.images.begin(), batch.images.end(), images.begin() + j * batch_ * features_);
-        std::copy(batch.labels.begin(), batch.labels.end(), labels.begin() + j * batch_);
-      }
+      batches.clear(), images.clear(), labels.clear();
+      for (int j = 0; j < k; ++j) batches.push_back(batcher.next());
+      for (const Batch& batch : batches) images.push_back(batch.images.data()), labels.push_back(batch.labels.data());
       batches_in_epoch += k;
-      loss_sum += round(images.data(), labels.data());
+      loss_sum += round(images, labels);
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuning) {

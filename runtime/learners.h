@@ -95,6 +95,8 @@ class LearnerGroup {
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
   double round(const float* images, const int32_t* labels);
+  // The same with learner j's batch at images[j] / labels[j] (k pointers each): no gathering copy.
+  double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   // z, the average model, as a flat buffer shaped like every replica's parameters.
   const Tensor& average() const;
   ParamStore& replica(int j) { return learners_.at(j)->trainer->params(); }

@@ -128,6 +128,31 @@ TEST(Learners, FixedSeedAndScheduleAreReproducible) {
   }
 }
 
+// A round given one batch pointer per learner (what fit() does: no gathering copy) trains exactly
+// like a round over one contiguous buffer; a wrong number of batches is refused.
+TEST(Learners, PerLearnerBatchesEqualOneContiguousBuffer) {
+  Batches data(3 * 8);
+  LearnerGroup contiguous(models::mlp(), recipe(), LearnerOptions{3, 1, SmaOptions{}});
+  LearnerGroup separate(models::mlp(), recipe(), LearnerOptions{3, 1, SmaOptions{}});
+  std::vector<std::vector<float>> images;
+  std::vector<std::vector<int32_t>> labels;
+  for (int j = 2; j >= 0; --j) {  // separate allocations, filled out of order
+    images.insert(images.begin(), std::vector<float>(data.images.begin() + j * 8 * 784,
+                                                     data.images.begin() + (j + 1) * 8 * 784));
+    labels.insert(labels.begin(),
+                  std::vector<int32_t>(data.labels.begin() + j * 8, data.labels.begin() + (j + 1) * 8));
+  }
+  std::vector<const float*> image_batches;
+  std::vector<const int32_t*> label_batches;
+  for (int j = 0; j < 3; ++j) image_batches.push_back(images[j].data()), label_batches.push_back(labels[j].data());
+  for (int round = 0; round < 4; ++round)
+    EXPECT_EQ(separate.round(image_batches, label_batches), contiguous.round(data.images.data(), data.labels.data()));
+  const Tensor &a = separate.average(), &b = contiguous.average();
+  EXPECT_EQ(std::vector<float>(a.f32(), a.f32() + a.numel()), std::vector<float>(b.f32(), b.f32() + b.numel()));
+  image_batches.pop_back();
+  EXPECT_THROW(separate.round(image_batches, label_batches), Error);
+}
+
 // Two learners on different batches of a small fixed problem: the learners' loss falls far below
 // its start, and the average model z classifies the training samples well above chance.
 TEST(Learners, SeveralLearnersConverge) {
