@@ -176,8 +176,9 @@ int main(int argc, char** argv) {
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
   // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
   const bool on_gpu = !o.device.is_cpu();
-  std::string table = on_gpu ? "| model | batch | CUDA graphs | eager | graphs / eager |\n|---|---|---|---|---|\n"
-                             : "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
+  std::string table =
+      on_gpu ? "| model | batch | CUDA graphs | eager | graphs / eager |\n|---|---|---|---|---|\n"
+             : "| model | batch | threads | Quiver | libtorch | Quiver / libtorch |\n|---|---|---|---|---|---|\n";
   std::printf("%s", table.c_str());
   std::fflush(stdout);
   try {

@@ -45,7 +45,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   // "2 learner(s) x 1 thread(s)" on the CPU; "2 learner(s) (CUDA streams)" on a GPU, where
   // threads do not apply.
   auto configuration = [&](int learners, int threads) {
-    return on_cpu ? cat(learners, " learner(s) x ", threads, " thread(s)") : cat(learners, " learner(s) (CUDA streams)");
+    return on_cpu ? cat(learners, " learner(s) x ", threads, " thread(s)")
+                  : cat(learners, " learner(s) (CUDA streams)");
   };
   if (command.learners_auto && !on_cpu)
     std::cout << "learners: auto (start with 1 learner = 1 CUDA stream on " << command.train.device.str()
@@ -70,7 +71,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     // Once settled, the last entry repeats the choice; until then every entry is a measurement.
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
     for (size_t i = 0; i < measured; ++i)
-      std::printf("  %s: %.0f samples/s%s\n", configuration(history[i].learners, history[i].threads_per_learner).c_str(),
+      std::printf("  %s: %.0f samples/s%s\n",
+                  configuration(history[i].learners, history[i].threads_per_learner).c_str(),
                   history[i].samples_per_second,
                   i != 0   ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
@@ -158,10 +160,11 @@ int main(int argc, char** argv) {
                   100.0 * e.test_accuracy, e.seconds, e.samples_per_second);
     std::printf("throughput: %.0f samples/s over %lld steps (%.1f s)\n", report.samples_per_second,
                 static_cast<long long>(report.steps), report.seconds);
-    if (const Plan& plan = trainer.train_plan(); !o.device.is_cpu() && o.device_graphs && !plan.replaying_graph())
+    if (const Plan& plan = trainer.train_plan(); !o.device.is_cpu() && o.device_graphs && !plan.replaying_graph()) {
+      const std::string& why = plan.device_graph_failure();
       std::cout << "CUDA graphs: not used, every step ran eagerly"
-                << (plan.device_graph_failure().empty() ? std::string() : cat(" (capture failed: ", plan.device_graph_failure(), ")"))
-                << "\n";
+                << (why.empty() ? std::string() : cat(" (capture failed: ", why, ")")) << "\n";
+    }
     if (command.explain) {
       if (trainer.executor())
         std::cout << trainer.executor()->explain();
