@@ -18,6 +18,10 @@ namespace quiver {
 
 class ExecContext;
 
+// The most learners one device's SMA round takes (its kernels receive the replicas' pointers by
+// value); LearnerGroup refuses more per device before building anything.
+constexpr int kMaxLearnersPerDevice = 32;
+
 // One device's part of an SMA round over several devices: its copy of z and of the previous
 // move, and the learners (replica, snapshot) that live on it; all queued on `stream`.
 struct SmaShard {

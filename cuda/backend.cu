@@ -109,11 +109,9 @@ class CachingAllocator {
   std::map<int, Pool> pools_;
 };
 
-constexpr int kMaxSmaLearners = 32;
-
 struct SmaBuffers {
-  float* params[kMaxSmaLearners];
-  const float* snapshots[kMaxSmaLearners];
+  float* params[kMaxLearnersPerDevice];
+  const float* snapshots[kMaxLearnersPerDevice];
 };
 
 __global__ void sma_round_kernel(float* z, float* previous_move, SmaBuffers buffers, int learners,
@@ -289,8 +287,8 @@ class CudaBackend final : public DeviceBackend {
   void sma_round(const ExecContext& ctx, float* z, float* previous_move, float* const* params,
                  const float* const* snapshots, int learners, float alpha, float mu_z,
                  int64_t count) override {
-    if (learners < 1 || learners > kMaxSmaLearners)
-      throw Error(cat("SMA on CUDA: supports 1 to ", kMaxSmaLearners, " learners per device, got ", learners));
+    if (learners < 1 || learners > kMaxLearnersPerDevice)
+      throw Error(cat("SMA on CUDA: supports 1 to ", kMaxLearnersPerDevice, " learners per device, got ", learners));
     const StreamContext& stream = as_stream(ctx);
     use_device(stream.device());
     SmaBuffers buffers{};

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
@@ -21,8 +22,6 @@
 namespace quiver::cuda {
 
 namespace {
-
-constexpr int kMaxLearnersPerDevice = 32;
 
 struct LearnerBuffers {
   float* params[kMaxLearnersPerDevice];

@@ -57,6 +57,11 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (options.devices < 1) throw Error(cat("devices: need at least 1, got ", options.devices));
   if (train_.device.is_cpu() && options.devices != 1)
     throw Error(cat("devices: ", options.devices, " devices asked for, but the learners are on the CPU"));
+  // A device's SMA round takes at most kMaxLearnersPerDevice replicas: refuse more up front.
+  const int most = std::max(options.learners, options.tune ? options_.max_learners : 0);
+  if (!train_.device.is_cpu() && (most + options.devices - 1) / options.devices > kMaxLearnersPerDevice)
+    throw Error(cat("learners: ", most, " learner(s) over ", options.devices, " GPU(s) is more than ",
+                    kMaxLearnersPerDevice, " per GPU, the most one GPU's SMA round takes"));
   for (int d = 0; d < options.devices; ++d) {
     devices_.push_back(Device{train_.device.kind, train_.device.index + d});
     if (!train_.device.is_cpu()) backend_for(devices_.back());  // throws for a device that does not exist

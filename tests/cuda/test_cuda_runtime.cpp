@@ -3,6 +3,7 @@
 // training run. Every test needing a GPU skips with a clear message when none is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -300,6 +301,29 @@ TEST(CudaMemory, IsGivenBackWhenTheLearnersDie) {
   EXPECT_EQ(backend.allocated_bytes(0), before);
   backend.release_cached(0);
   EXPECT_EQ(backend.allocated_bytes(0), before) << "releasing the cache frees only unused blocks";
+}
+
+// More replicas than the GPU's free memory holds are refused before anything trains, with the
+// need and what the device has, and the refusal keeps no device memory.
+TEST(CudaMemory, TooManyLearnersForTheDeviceAreRefusedBeforeTraining) {
+  REQUIRE_CUDA_DEVICES(1);
+  DeviceBackend& backend = *device_backend(DeviceKind::CUDA);
+  const int64_t before = backend.allocated_bytes(0);
+  // A batch at which one replica takes about an eighth of the free memory: 32 of them, the most
+  // one GPU takes, need about four times what is free, whatever the GPU.
+  TrainOptions probe = recipe(Device::cuda(0));
+  probe.batch = 1024;
+  const int64_t per_sample = Trainer(models::mlp(), probe).train_plan().activation_bytes() / probe.batch + 1;
+  TrainOptions train = recipe(Device::cuda(0));
+  train.batch = std::max<int64_t>(1024, backend.free_memory(0) / 8 / per_sample);
+  try {
+    LearnerGroup group(models::mlp(), train, LearnerOptions{kMaxLearnersPerDevice, 1, SmaOptions{}});
+    FAIL() << kMaxLearnersPerDevice << " replicas at batch " << train.batch << " cannot fit on one GPU";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MiB are available there"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("cuda:0"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(backend.allocated_bytes(0), before);
 }
 
 // After the last test the allocator's cached blocks go back to the driver, so a leak check

@@ -174,6 +174,16 @@ TEST(Learners, SeveralLearnersConverge) {
 TEST(Learners, ErrorsAreClear) {
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);
+  // More learners per GPU than a device's SMA round takes are refused before any device is
+  // touched (so this holds on a machine without one, too).
+  TrainOptions on_gpu = recipe();
+  on_gpu.device = Device::cuda(0);
+  try {
+    LearnerGroup group(models::mlp(), on_gpu, LearnerOptions{kMaxLearnersPerDevice + 1, 1, SmaOptions{}});
+    FAIL() << "more learners than one GPU's SMA round takes";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("per GPU"), std::string::npos) << error.what();
+  }
   LearnerOptions negative_warmup{1, 1, SmaOptions{}};
   negative_warmup.tune_warmup_seconds = -1.0;
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), negative_warmup), Error);
