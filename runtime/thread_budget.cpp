@@ -5,19 +5,105 @@
 #include <algorithm>
 #include <thread>
 
+#include "core/error.h"
+
+#ifdef QUIVER_OWN_THREAD_POOL
+#include <atomic>
+#include <condition_variable>
+#else
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
-
-#include "core/error.h"
+#endif
 
 namespace quiver {
 
+#ifdef QUIVER_OWN_THREAD_POOL
+// ThreadSanitizer builds (QUIVER_SANITIZE=thread): Debian's libtbb is not instrumented, so TSAN
+// cannot see how a TBB arena hands work to its threads and reports every kernel's writes as
+// races. Here a budget of k threads is a fork-join pool of our own instead: k-1 workers plus the
+// caller take chunks of at most `grain` items (TBB's simple partitioner does the same), and all
+// of its synchronisation is visible to TSAN. One job at a time; a parallel_for from inside a
+// job runs inline.
+struct ThreadBudget::Arena {
+  explicit Arena(int threads) {
+    for (int i = 1; i < threads; ++i) workers.emplace_back([this] { work(); });
+  }
+  ~Arena() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    for (std::thread& worker : workers) worker.join();
+  }
+
+  void run(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& chunk) {
+    if (inside_job) {
+      chunk(0, count);
+      return;
+    }
+    std::lock_guard<std::mutex> one_job(job_mutex);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      job = &chunk;
+      job_count = count;
+      job_grain = grain;
+      next.store(0);
+      busy = static_cast<int>(workers.size());
+      ++generation;
+    }
+    wake.notify_all();
+    take_chunks();
+    std::unique_lock<std::mutex> lock(mutex);
+    done.wait(lock, [this] { return busy == 0; });
+    job = nullptr;
+  }
+
+ private:
+  void take_chunks() {
+    inside_job = true;
+    for (int64_t begin = next.fetch_add(job_grain); begin < job_count; begin = next.fetch_add(job_grain))
+      (*job)(begin, std::min(job_count, begin + job_grain));
+    inside_job = false;
+  }
+  void work() {
+    int64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stopping || generation != seen; });
+        if (stopping) return;
+        seen = generation;
+      }
+      take_chunks();
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        --busy;
+      }
+      done.notify_one();
+    }
+  }
+
+  static thread_local bool inside_job;
+  std::vector<std::thread> workers;
+  std::mutex job_mutex;  // one parallel_for at a time
+  std::mutex mutex;
+  std::condition_variable wake, done;
+  const std::function<void(int64_t, int64_t)>* job = nullptr;
+  int64_t job_count = 0, job_grain = 1, generation = 0;
+  std::atomic<int64_t> next{0};
+  int busy = 0;
+  bool stopping = false;
+};
+thread_local bool ThreadBudget::Arena::inside_job = false;
+#else
 struct ThreadBudget::Arena {
   explicit Arena(int threads) : arena(threads, 1) {}
   mutable tbb::task_arena arena;
 };
+#endif
 
 ThreadBudget::ThreadBudget(int threads) : threads_(threads) {
   if (threads < 1) throw Error(cat("a thread budget needs at least 1 thread, got ", threads));
@@ -35,6 +121,12 @@ void ThreadBudget::parallel_for(int64_t count, int64_t grain,
     body(0, count);
     return;
   }
+#ifdef QUIVER_OWN_THREAD_POOL
+  arena_->run(count, grain, [&](int64_t begin, int64_t end) {
+    if (recording_) note_thread();
+    body(begin, end);
+  });
+#else
   arena_->arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
                       [&](const tbb::blocked_range<int64_t>& range) {
@@ -43,6 +135,7 @@ void ThreadBudget::parallel_for(int64_t count, int64_t grain,
                       },
                       tbb::simple_partitioner());
   });
+#endif
 }
 
 void ThreadBudget::record_threads(bool on) {
