@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <random>
 #include <cstdio>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +16,12 @@
 #include "runtime/thread_budget.h"
 
 namespace quiver::bench {
+
+// A learner configuration as the tables show it: "2 x 1" (learners x threads each) on the CPU,
+// "2 streams" on a GPU, where threads do not apply.
+inline std::string configuration_cell(int learners, int threads_per_learner, const Device& device) {
+  return device.is_cpu() ? cat(learners, " x ", threads_per_learner) : cat(learners, " streams");
+}
 
 // True (after printing `usage`) when --help or -h is among the arguments: the program then exits 0.
 inline bool help_requested(int argc, char** argv, const char* usage) {

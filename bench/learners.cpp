@@ -141,8 +141,7 @@ int main(int argc, char** argv) {
         double best = 0.0;
         for (int k : o.learners) best = std::max(best, bench::median(rates[k]));
         if (rates.count(chosen.learners))
-          row += cat(" ", chosen.learners,
-                     o.device.is_cpu() ? cat(" x ", chosen.threads_per_learner) : std::string(" streams"), " | ",
+          row += cat(" ", bench::configuration_cell(chosen.learners, chosen.threads_per_learner, o.device), " | ",
                      static_cast<int>(100 * bench::median(rates[chosen.learners]) / best) / 100.0, " |");
         else
           row += cat(" ", chosen.learners, " (not measured) | - |");

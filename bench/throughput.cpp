@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
   std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %s, %d cores%s\n",
               o.runs, o.steps, o.warmup, setting.c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
+  auto ratio = [](double a, double b) { return static_cast<double>(static_cast<int64_t>(a / b * 100)) / 100; };
   // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
   const bool on_gpu = !o.device.is_cpu();
   std::string table =
@@ -188,8 +189,7 @@ int main(int argc, char** argv) {
           if (on_gpu) {
             const std::vector<double> rates = quiver_samples_per_second(model, batch, threads, o, {true, false});
             std::string row = cat("| ", model, " | ", batch, " | ", static_cast<int64_t>(rates[0]), " | ",
-                                  static_cast<int64_t>(rates[1]), " | ",
-                                  static_cast<double>(static_cast<int64_t>(rates[0] / rates[1] * 100)) / 100, " |\n");
+                                  static_cast<int64_t>(rates[1]), " | ", ratio(rates[0], rates[1]), " |\n");
             table += row;
             std::printf("%s", row.c_str());
             std::fflush(stdout);
@@ -198,8 +198,7 @@ int main(int argc, char** argv) {
           double ours = quiver_samples_per_second(model, batch, threads, o, {true})[0];
           double theirs = peer ? peer_samples_per_second(model, batch, threads, o) : -1.0;
           std::string row = theirs > 0 ? cat("| ", model, " | ", batch, " | ", threads, " | ", static_cast<int64_t>(ours),
-                                             " | ", static_cast<int64_t>(theirs), " | ",
-                                             static_cast<double>(static_cast<int64_t>(ours / theirs * 100)) / 100, " |\n")
+                                             " | ", static_cast<int64_t>(theirs), " | ", ratio(ours, theirs), " |\n")
                                        : cat("| ", model, " | ", batch, " | ", threads, " | ",
                                              static_cast<int64_t>(ours), " | - | - |\n");
           table += row;

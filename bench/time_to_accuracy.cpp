@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
       // Unsettled: the configuration training ended with (the tuner was still measuring it).
       const int ended_with = group.tuned() ? chosen.learners : group.learners();
       const int threads = group.tuned() ? chosen.threads_per_learner : group.threads_per_learner();
-      const std::string choice = cat(ended_with, device.is_cpu() ? cat(" x ", threads) : std::string(" streams"),
-                                     group.tuned() ? "" : " (tuner not settled)");
+      const std::string choice =
+          cat(bench::configuration_cell(ended_with, threads, device), group.tuned() ? "" : " (tuner not settled)");
       std::string row = cat("| ", name, " | ", 100 * target, "% | ", cell(one), " | ", cell(many), " | ", choice, " | ",
                             one.reached && many.reached ? cat(static_cast<int>(100 * one.seconds / many.seconds) / 100.0) : "-",
                             " |\n");

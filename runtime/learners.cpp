@@ -296,9 +296,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuning) {
-        if (warmup_rounds > 0) {  // a new configuration's executors profile first: not measured
-          if (warmup_rounds > 1 || seconds_since(measure_start) >= options_.tune_warmup_seconds)
-            if (--warmup_rounds == 0) measure_start = Clock::now();
+        if (warmup_rounds > 0) {  // not measured: the executors' profiling and 3 rounds, and the time floor
+          const bool floor_reached = seconds_since(measure_start) >= options_.tune_warmup_seconds;
+          if (warmup_rounds > 1 || floor_reached) --warmup_rounds;
+          if (warmup_rounds == 0) measure_start = Clock::now();
         } else {
           ++measured_rounds;
           measured_samples += k * batch_;
