@@ -6,6 +6,8 @@
 // (at least one); with more learners than cores the learners share cores through the OS.
 // --device cuda[:N]: the same comparison on a GPU, a learner being one CUDA stream (single-stream:
 // one learner, one stream), SMA on a sync stream ordered by events.
+// --staleness LIST: the learner configurations (and the tuner) once per clock gate, 0 being
+// synchronous rounds; a timed window ends when every learner has finished its rounds.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -28,6 +30,7 @@ using namespace quiver;
 
 struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
+  std::vector<int> staleness = {0};
   Device device;
   Options() { batches = {16, 64}; }
 };
@@ -43,9 +46,23 @@ Options parse(int argc, char** argv) {
       o.device = Device::parse(value);
       continue;
     }
+    if (flag == "--staleness") {
+      o.staleness.clear();
+      for (const std::string& s : bench::split(value)) {
+        if (s == "0") {
+          o.staleness.push_back(0);
+          continue;
+        }
+        const int bound = bench::to_int(flag, s);
+        if (bound > kMaxStaleness) throw Error(cat(flag, ": at most ", kMaxStaleness, ", got ", bound));
+        o.staleness.push_back(bound);
+      }
+      continue;
+    }
     if (flag != "--learners")
       throw Error(cat("unknown option '", flag,
-                      "' (--models --batches --learners --device --threads --warmup --steps --runs --output)"));
+                      "' (--models --batches --learners --staleness --device --threads --warmup --steps --runs "
+                      "--output)"));
     o.learners.clear();
     for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
   }
@@ -61,6 +78,8 @@ constexpr char kUsage[] =
     "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
     "  --batches LIST    per-learner batch sizes (default 16,64)\n"
     "  --learners LIST   learner counts to measure (default 1,2,3,4)\n"
+    "  --staleness LIST  clock gates to measure: 0 = synchronous rounds (default), S > 0 = learners\n"
+    "                    up to S rounds apart (CPU only)\n"
     "  --device D        cpu (default), cuda or cuda:N (a learner is one CUDA stream)\n"
     "  --threads T       CPU threads in all (default: all available cores)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 20, 5)\n"
@@ -75,8 +94,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
     return 2;
   }
-  std::string header = "| model | batch per learner | single-stream samples/s |";
-  std::string rule = "|---|---|---|";
+  std::string header = "| model | batch per learner | staleness | single-stream samples/s |";
+  std::string rule = "|---|---|---|---|";
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
   for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
   header += " auto chose | auto's pick / best fixed |", rule += "---|---|";
@@ -99,55 +118,75 @@ int main(int argc, char** argv) {
         train.profile_cache = "";
         train.device = o.device;
         Trainer single(models::by_name(model), train);
-        std::vector<std::unique_ptr<LearnerGroup>> groups;
-        for (int k : o.learners)
-          groups.push_back(std::make_unique<LearnerGroup>(models::by_name(model), train,
-                                                          LearnerOptions{k, std::max(1, o.threads / k), SmaOptions{}}));
+        // groups[g][i]: o.learners[i] learners under clock gate o.staleness[g].
+        auto options_for = [&](int learners, int threads, int staleness) {
+          LearnerOptions options{learners, threads, SmaOptions{}};
+          options.staleness = staleness;
+          return options;
+        };
+        std::vector<std::vector<std::unique_ptr<LearnerGroup>>> groups(o.staleness.size());
+        for (size_t g = 0; g < o.staleness.size(); ++g)
+          for (int k : o.learners)
+            groups[g].push_back(std::make_unique<LearnerGroup>(
+                models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.staleness[g])));
         for (int i = 0; i < o.warmup; ++i) {
           single.train_step(data.images_of(i), data.labels_of(i));
-          for (auto& group : groups) group->round(data.images_of(i), data.labels_of(i));
+          for (auto& gate : groups)
+            for (auto& group : gate) group->round(data.images_of(i), data.labels_of(i));
         }
-        std::map<int, std::vector<double>> rates;  // -1: single-stream
-        auto time = [&](auto&& step) {
+        // A window ends when every learner has finished its rounds (settle): with a staleness
+        // bound a round returns before the learners behind have run it.
+        auto time = [&](auto&& step, auto&& finish) {
+          finish();
           auto start = std::chrono::steady_clock::now();
           for (int s = 0; s < o.steps; ++s) step(s);
+          finish();
           return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         };
+        std::vector<double> single_rates;
+        std::vector<std::map<int, std::vector<double>>> rates(o.staleness.size());
         for (int run = 0; run < o.runs; ++run) {
-          rates[-1].push_back(o.steps * batch /
-                              time([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); }));
+          single_rates.push_back(o.steps * batch / time([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); },
+                                                        [] {}));
           for (size_t g = 0; g < groups.size(); ++g)
-            rates[o.learners[g]].push_back(o.steps * batch * o.learners[g] /
-                                           time([&](int s) { groups[g]->round(data.images_of(s), data.labels_of(s)); }));
+            for (size_t i = 0; i < o.learners.size(); ++i) {
+              LearnerGroup& group = *groups[g][i];
+              rates[g][o.learners[i]].push_back(
+                  o.steps * batch * o.learners[i] /
+                  time([&](int s) { group.round(data.images_of(s), data.labels_of(s)); }, [&] { group.settle(); }));
+            }
         }
-        const double base = bench::median(rates[-1]);
-        std::string row = cat("| ", model, " | ", batch, " | ", static_cast<int64_t>(base), " |");
-        for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rates[k])), " |");
-        for (int k : o.learners) row += cat(" ", static_cast<int>(100 * bench::median(rates[k]) / base) / 100.0, " |");
-        // The tuner (--learners auto) on the same data, up to the most learners measured here; its
-        // pick is judged by the fixed configurations' rates measured above, in this run.
+        const double base = bench::median(single_rates);
         Dataset pool_data;
         pool_data.rows = 28, pool_data.cols = 28;
         pool_data.images = data.images;
         pool_data.labels = data.labels;
         pool_data.count = static_cast<int64_t>(data.labels.size());
-        LearnerOptions tuned{1, o.threads, SmaOptions{}};
-        tuned.tune = true;
-        tuned.max_learners = most;
-        LearnerGroup tuner(models::by_name(model), train, tuned);
-        tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
-        tuner.fit(pool_data, nullptr, 1000000);
-        const TunerStep chosen = tuner.tuner_history().empty() ? TunerStep{} : tuner.tuner_history().back();
-        double best = 0.0;
-        for (int k : o.learners) best = std::max(best, bench::median(rates[k]));
-        if (rates.count(chosen.learners))
-          row += cat(" ", bench::configuration_cell(chosen.learners, chosen.threads_per_learner, o.device), " | ",
-                     static_cast<int>(100 * bench::median(rates[chosen.learners]) / best) / 100.0, " |");
-        else
-          row += cat(" ", chosen.learners, " (not measured) | - |");
-        table += row + "\n";
-        std::printf("%s\n", row.c_str());
-        std::fflush(stdout);
+        for (size_t g = 0; g < o.staleness.size(); ++g) {
+          std::map<int, std::vector<double>>& rate = rates[g];
+          std::string row = cat("| ", model, " | ", batch, " | ", o.staleness[g], " | ", static_cast<int64_t>(base), " |");
+          for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rate[k])), " |");
+          for (int k : o.learners) row += cat(" ", static_cast<int>(100 * bench::median(rate[k]) / base) / 100.0, " |");
+          // The tuner (--learners auto) on the same data and clock gate, up to the most learners
+          // measured here; its pick is judged by the fixed configurations' rates measured above.
+          LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
+          tuned.tune = true;
+          tuned.max_learners = most;
+          LearnerGroup tuner(models::by_name(model), train, tuned);
+          tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
+          tuner.fit(pool_data, nullptr, 1000000);
+          const TunerStep chosen = tuner.tuner_history().empty() ? TunerStep{} : tuner.tuner_history().back();
+          double best = 0.0;
+          for (int k : o.learners) best = std::max(best, bench::median(rate[k]));
+          if (rate.count(chosen.learners))
+            row += cat(" ", bench::configuration_cell(chosen.learners, chosen.threads_per_learner, o.device), " | ",
+                       static_cast<int>(100 * bench::median(rate[chosen.learners]) / best) / 100.0, " |");
+          else
+            row += cat(" ", chosen.learners, " (not measured) | - |");
+          table += row + "\n";
+          std::printf("%s\n", row.c_str());
+          std::fflush(stdout);
+        }
       }
     if (!o.output.empty()) write_file_atomically(o.output, table, "results");
   } catch (const Error& error) {

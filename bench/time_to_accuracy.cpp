@@ -62,6 +62,8 @@ constexpr char kUsage[] =
     "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
     "  --max-epochs N    give up after N epochs (default 10)\n"
     "  --device D        cpu (default: all cores), cuda or cuda:N (a learner is one CUDA stream)\n"
+    "  --staleness S     the auto run's clock gate: 0 = synchronous rounds (default), S > 0 =\n"
+    "                    learners up to S rounds apart (CPU only)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   int max_epochs = 10;
   std::string output;
   Device device;
+  int staleness = 0;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -84,8 +87,10 @@ int main(int argc, char** argv) {
         output = value;
       } else if (flag == "--device") {
         device = Device::parse(value);
+      } else if (flag == "--staleness") {
+        staleness = value == "0" ? 0 : bench::to_int(flag, value);
       } else {
-        throw Error(cat("unknown option '", flag, "' (--models --max-epochs --device --output)"));
+        throw Error(cat("unknown option '", flag, "' (--models --max-epochs --device --staleness --output)"));
       }
     }
     const std::string dir = default_fashion_mnist_dir();
@@ -105,6 +110,7 @@ int main(int argc, char** argv) {
       learners.learners = 1;
       learners.threads_per_learner = available_cores();
       learners.tune = true;
+      learners.staleness = staleness;
       LearnerGroup group(models::by_name(name), options, learners);
       Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, max_epochs);
       const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();

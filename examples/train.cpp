@@ -35,6 +35,9 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                                     : std::max(1, command.train.threads / command.learners);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
+  options.staleness = command.staleness;
+  const std::string sync =
+      command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;
   options.devices = command.gpus;
   LearnerGroup group(models::by_name(command.model), command.train, options);
   if (!command.resume.empty()) {
@@ -50,13 +53,13 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   };
   if (command.learners_auto && !on_cpu)
     std::cout << "learners: auto (start with 1 learner = 1 CUDA stream on " << command.train.device.str()
-              << "; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
+              << "; add one while samples/s rises by more than 10%), sync " << sync << "\n";
   else if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
-              << " threads; add one while samples/s rises by more than 10%), sync " << command.sync << "\n";
+              << " threads; add one while samples/s rises by more than 10%), sync " << sync << "\n";
   else
-    std::cout << "learners: " << configuration(group.learners(), group.threads_per_learner()) << ", sync "
-              << command.sync << "\n";
+    std::cout << "learners: " << configuration(group.learners(), group.threads_per_learner()) << ", sync " << sync
+              << "\n";
   if (!command.quiet) group.on_progress(show_progress);
   TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
   if (live) std::cout << "\n";

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/learners.h"
 #include "runtime/perf_model.h"
 #include "runtime/thread_budget.h"
 
@@ -80,6 +81,9 @@ std::string train_usage() {
          "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
          "  --sync sma|ssgd        how learners are kept consistent: sma (default) or synchronous\n"
          "                         SGD (gradients averaged, one update: k x batch B = batch kB)\n"
+         "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
+         "                         apart, each folding its correction into the average model as\n"
+         "                         it finishes (default 0: synchronous rounds)\n"
          "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
@@ -174,6 +178,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--sync") {
       if (value != "sma" && value != "ssgd") throw Error(cat("--sync: expected sma or ssgd, got '", value, "'"));
       command.sync = value;
+    } else if (flag == "--staleness") {
+      command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
       (flag == "--checkpoint" ? command.checkpoint : command.resume) = value;
@@ -198,6 +204,11 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
   if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
+  if (!multi && command.staleness > 0) throw Error("--staleness: only with --learners");
+  if (command.staleness > 0 && command.sync == "ssgd")
+    throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");
+  if (command.staleness > 0 && !command.train.device.is_cpu())
+    throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
   if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
   if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
   if (command.learners_auto && command.threads_per_learner > 0)

@@ -22,6 +22,7 @@ struct TrainCommand {
   int threads_per_learner = 0;    // 0: the cores split evenly among the learners
   double alpha = -1.0;            // SMA correction weight; negative: 1/k
   std::string sync = "sma";
+  int staleness = 0;              // the clock gate: learners up to this many rounds apart (0: synchronous)
   int gpus = 1;  // with --device cuda and --learners: learners spread over this many GPUs
   std::string checkpoint;  // with --learners: save the average model here after training
   std::string resume;      // with --learners: start from this checkpoint

@@ -43,9 +43,11 @@ void CpuStream::submit(std::function<void()> work) {
   changed_.notify_all();
 }
 
-void CpuStream::wait() {
+void CpuStream::wait() { wait_at_most(0); }
+
+void CpuStream::wait_at_most(size_t pending) {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  changed_.wait(lock, [&] { return queue_.size() + (busy_ ? 1 : 0) <= pending; });
   if (error_) {
     std::exception_ptr error = error_;
     error_ = nullptr;

@@ -2,7 +2,8 @@
 // thread, so learners on different streams progress at once; the thread budget each learner's
 // ops may use is its executor's (a task arena of the granted threads). wait() blocks until the
 // stream is idle and rethrows the first error of its work. The CUDA backend's stream (a
-// non-blocking cudaStream_t) offers the same three calls.
+// non-blocking cudaStream_t) offers the same three calls. wait_at_most(n) is the clock gate of
+// bounded staleness: it returns once at most n submitted pieces of work are unfinished.
 #pragma once
 
 #include <condition_variable>
@@ -23,6 +24,8 @@ class CpuStream {
 
   void submit(std::function<void()> work);
   void wait();
+  // Blocks until at most `pending` pieces of work are queued or running; rethrows the first error.
+  void wait_at_most(size_t pending);
 
  private:
   std::mutex mutex_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <string>
 
@@ -51,6 +52,14 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     throw Error(cat("synchronous SGD runs on the CPU only; use --sync sma on ", train_.device.str()));
   if (options.sync == Sync::Ssgd && train_.optimizer != "sgd")
     throw Error(cat("synchronous SGD applies momentum SGD; optimizer '", train_.optimizer, "' is not supported with it"));
+  if (options.staleness < 0 || options.staleness > kMaxStaleness)
+    throw Error(cat("staleness: must be in [0, ", kMaxStaleness, "] rounds, got ", options.staleness));
+  if (options.staleness > 0) {
+    if (options.sync == Sync::Ssgd)
+      throw Error("staleness: synchronous SGD averages every round's gradients; a staleness bound needs --sync sma");
+    if (!train_.device.is_cpu())
+      throw Error(cat("staleness: a staleness bound runs on CPU learners only for now, not on ", train_.device.str()));
+  }
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   average.threads = options.threads_per_learner;
@@ -71,6 +80,7 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
 }
 
 void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state) {
+  settle();
   if (!learners_.empty()) refresh_average();
   if (learners < 1 || threads_per_learner < 1)
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
@@ -112,7 +122,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   std::unique_ptr<SmaSync> sma;
   std::unique_ptr<DeviceSma> device_sma;
   if (train_.device.is_cpu())
-    sma = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma);
+    sma = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma, options_.staleness > 0);
   else
     device_sma = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
   device_sma_ = std::move(device_sma);  // the old sync streams drained already (drain() above)
@@ -126,9 +136,31 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
 
 void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
 
-LearnerGroup::~LearnerGroup() = default;
+LearnerGroup::~LearnerGroup() {
+  // Learners' queued tasks use z and the replicas: let them finish before anything is freed.
+  // Their errors have nowhere to go from a destructor.
+  for (auto& learner : learners_) {
+    try {
+      learner->stream.wait();
+    } catch (...) {
+    }
+  }
+}
+
+void LearnerGroup::settle() const {
+  std::exception_ptr first_error;
+  for (const auto& learner : learners_) {
+    try {
+      learner->stream.wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
 
 const Tensor& LearnerGroup::average() const {
+  settle();
   refresh_average();
   return average_->params().flat_params();
 }
@@ -160,6 +192,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   if (images.size() != learners_.size() || labels.size() != learners_.size())
     throw Error(cat("learners: a round needs one batch per learner (", learners_.size(), "), got ", images.size(),
                     " image and ", labels.size(), " label batches"));
+  if (options_.staleness > 0 && !alone()) return round_within_staleness(images, labels);
   // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
   // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is
   // a few hundred. Each learner stages its own batch (on a device: into pinned memory).
@@ -210,6 +243,43 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   return loss / static_cast<double>(learners_.size());
 }
 
+// Bounded staleness: learner j's task is its step and then the absorption of its correction into
+// z, on its own stream; learner 0's runs on this thread. The clock gate: return once no learner
+// has more than `staleness` tasks left, so no learner is more than that many rounds behind.
+double LearnerGroup::round_within_staleness(const std::vector<const float*>& images,
+                                            const std::vector<const int32_t*>& labels) {
+  const bool from_velocity = sma_from_velocity();
+  auto task = [this, from_velocity](size_t j, const float* x, const int32_t* y) {
+    Learner& learner = *learners_[j];
+    ParamStore& params = learner.trainer->params();
+    if (!from_velocity) learner.trainer->train_plan().copy(learner.snapshot, params.flat_params());
+    learner.loss = learner.trainer->train_step(x, y);
+    sma_->absorb(static_cast<int>(j), params.flat_params(),
+                 from_velocity ? params.flat_state("velocity") : learner.snapshot, from_velocity,
+                 learner.trainer->train_plan().context());
+  };
+  for (size_t j = 1; j < learners_.size(); ++j)
+    learners_[j]->stream.submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
+  std::exception_ptr first_error;
+  try {
+    task(0, images[0], labels[0]);
+  } catch (...) {
+    first_error = std::current_exception();
+  }
+  for (size_t j = 1; j < learners_.size(); ++j) {
+    try {
+      learners_[j]->stream.wait_at_most(static_cast<size_t>(options_.staleness));
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  double loss = 0.0;
+  for (auto& learner : learners_) loss += learner->loss;
+  ++rounds_done_;
+  return loss / static_cast<double>(learners_.size());
+}
+
 // After a momentum-SGD step w_j = s_j + v_j, so on the CPU SMA recovers s_j from the velocity and
 // no snapshot is copied before the step (a pass over the parameters saved per learner per round).
 bool LearnerGroup::sma_from_velocity() const {
@@ -217,6 +287,7 @@ bool LearnerGroup::sma_from_velocity() const {
 }
 
 double LearnerGroup::evaluate(const Dataset& data) {
+  settle();
   refresh_average();
   if (device_sma_) device_sma_->order_before(average_->train_plan().context());
   return average_->evaluate(data);
@@ -227,6 +298,7 @@ void LearnerGroup::drain() {
 }
 
 void LearnerGroup::reset_replicas() {
+  settle();
   refresh_average();
   std::vector<Tensor> params;
   for (auto& learner : learners_) params.push_back(learner->trainer->params().flat_params());
@@ -274,7 +346,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   };
   if (tuning) start_measuring();
 
-  std::vector<Batch> batches;  // one per learner, handed to the learners as they came
+  // One batch per learner a round, handed over as they came; kept while a learner may still be
+  // running that round (up to `staleness` rounds back).
+  std::deque<std::vector<Batch>> in_flight;
   std::vector<const float*> images;
   std::vector<const int32_t*> labels;
   TrainReport report;
@@ -288,7 +362,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     int64_t epoch_rounds = 0, epoch_samples = 0;
     for (batches_in_epoch = 0; batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds);) {
       const int k = learners();
-      batches.clear(), images.clear(), labels.clear();
+      while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
+      std::vector<Batch>& batches = in_flight.emplace_back();
+      images.clear(), labels.clear();
       for (int j = 0; j < k; ++j) batches.push_back(batcher.next());
       for (const Batch& batch : batches) images.push_back(batch.images.data()), labels.push_back(batch.labels.data());
       batches_in_epoch += k;
@@ -341,6 +417,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
         progress_(p);
       }
     }
+    settle();  // the epoch's samples/s count finished steps only
     epoch_report.steps = epoch_rounds;
     epoch_report.seconds = seconds_since(epoch_start);
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_rounds);
@@ -384,6 +461,7 @@ void LearnerGroup::ssgd_update() {
 }
 
 void LearnerGroup::save(const std::string& path) const {
+  settle();
   refresh_average();
   if (device_sma_) device_sma_->drain();
   save_checkpoint(path, average_->params(), average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
@@ -394,6 +472,7 @@ void LearnerGroup::load(const std::string& path) {
   const Tensor& z = average_->params().flat_params();
   Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
+  settle();
   drain();
   z.copy_from(scratch);
   average_stale_ = false;  // z is the checkpoint's now, not the replica's

@@ -18,8 +18,17 @@
 // against the learners' streams by events only: the host waits for a learner's loss, never for a
 // whole device. With `devices` > 1 the learners are spread round-robin over that many GPUs and
 // the per-device corrections are all-reduced with NCCL. Synchronous SGD is CPU-only for now.
+//
+// The clock gate: synchronous by default (a round ends when every learner's step is done, then
+// SMA). With a staleness bound s > 0 (CPU learners, SMA) a learner's step and the absorption of
+// its correction into z run as one task on its stream, and a round returns as soon as no learner
+// has more than s rounds left to run: learners never wait for each other at a round's end, and
+// one learner's memory-bound SMA pass overlaps another's compute. The result then depends on
+// timing (not reproducible bit for bit); every reader of z or of the replicas waits for the
+// learners first.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -37,6 +46,9 @@ namespace quiver {
 // to one model that every learner then copies: k learners of batch b = one learner of batch k*b).
 enum class Sync { Sma, Ssgd };
 
+// The largest staleness bound: a round's batches are kept until no learner can still need them.
+constexpr int kMaxStaleness = 64;
+
 struct LearnerOptions {
   int learners = 2;
   int threads_per_learner = 1;  // each learner's executor gets this many threads
@@ -53,6 +65,9 @@ struct LearnerOptions {
   double tune_warmup_seconds = 0.2;
   int max_learners = 0;          // 0: twice the cores (CPU), 8 per GPU (CUDA)
   int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
+  // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the
+  // caller (CPU learners under SMA; see the top of this file).
+  int staleness = 0;
 };
 
 // One configuration the tuner measured.
@@ -94,6 +109,9 @@ class LearnerGroup {
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
+  // With a staleness bound s, the round returns once no learner is more than s rounds behind:
+  // the batches must stay valid until s more rounds have returned (or settle()), the loss is the
+  // mean of each learner's latest finished step, and a learner's error surfaces at a later round.
   double round(const float* images, const int32_t* labels);
   // The same with learner j's batch at images[j] / labels[j] (k pointers each): no gathering copy.
   double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
@@ -109,12 +127,16 @@ class LearnerGroup {
   void save(const std::string& path) const;
   void load(const std::string& path);
   int64_t rounds_done() const { return rounds_done_; }
+  int staleness() const { return options_.staleness; }
+  // Waits until every learner has run every round given to it (a no-op for synchronous rounds)
+  // and rethrows a learner's error. Everything that reads z or the replicas calls it first.
+  void settle() const;
 
  private:
   struct Learner {
     std::unique_ptr<Trainer> trainer;
     Tensor snapshot;  // parameters before this round's step (s_j)
-    double loss = 0.0;
+    std::atomic<double> loss = 0.0;  // of its latest step (written on its stream)
     CpuStream stream;
   };
   void build(int learners, int threads_per_learner, bool carry_state = false);
@@ -136,6 +158,7 @@ class LearnerGroup {
   std::vector<Device> devices_;               // where learner j lives: devices_[j % size]
   bool sma_from_velocity() const;
   bool alone() const;
+  double round_within_staleness(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   void refresh_average() const;
   mutable bool average_stale_ = false;
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)

@@ -8,6 +8,11 @@
 #include "runtime/sma_math.h"
 
 namespace quiver {
+namespace {
+// SMA passes go block by block: a block of z stays in cache while every learner visits it, and is
+// the unit absorb() locks.
+constexpr int64_t kBlock = 4096;
+}  // namespace
 
 SmaOptions checked_sma_options(SmaOptions options, int learners) {
   if (learners < 1) throw Error(cat("SMA: needs at least one learner, got ", learners));
@@ -18,12 +23,17 @@ SmaOptions checked_sma_options(SmaOptions options, int learners) {
   return checked;
 }
 
-SmaSync::SmaSync(Tensor average, int learners, SmaOptions options) : average_(std::move(average)), learners_(learners) {
+SmaSync::SmaSync(Tensor average, int learners, SmaOptions options, bool absorbing)
+    : average_(std::move(average)), learners_(learners) {
   const SmaOptions checked = checked_sma_options(options, learners);
   alpha_ = checked.alpha;
   mu_z_ = checked.mu_z;
   if (average_.dtype() != DType::F32) throw Error("SMA: the average model must be float32");
   previous_move_ = Tensor::zeros(average_.shape(), DType::F32, average_.device());
+  if (absorbing) {
+    if (!average_.device().is_cpu()) throw Error("SMA: absorbing corrections (a staleness bound) runs on the CPU only");
+    absorbed_ = Tensor::zeros(average_.shape(), DType::F32);
+  }
 }
 
 void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx) {
@@ -74,7 +84,6 @@ void SmaSync::round_after_sgd(std::span<const Tensor> params, std::span<const Te
 template <bool kFromVelocity>
 void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> params, std::span<const Tensor> other,
                         float alpha, float mu_z, int64_t n, const ExecContext& ctx) {
-  constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
     for (int64_t block = first_block; block < last_block; ++block) {
@@ -93,12 +102,52 @@ void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> param
   });
 }
 
+void SmaSync::absorb(int learner, const Tensor& w, const Tensor& other, bool from_velocity, const ExecContext& ctx) {
+  const int64_t n = average_.numel();
+  if (learner < 0 || learner >= learners_) throw Error(cat("SMA: no learner ", learner, " of ", learners_));
+  if (!absorbed_.defined()) throw Error("SMA: absorb() needs an SmaSync made for absorbing (a staleness bound)");
+  if (!average_.device().is_cpu() || !w.device().is_cpu() || !other.device().is_cpu())
+    throw Error("SMA: absorbing one learner's correction (a staleness bound) runs on the CPU only");
+  if (w.numel() != n || other.numel() != n)
+    throw Error(cat("SMA: a learner has ", w.numel(), " parameters and ", other.numel(), " ",
+                    from_velocity ? "velocities" : "snapshot values", "; the average has ", n));
+  if (from_velocity)
+    cpu_absorb<true>(learner, w.f32(), other.f32(), n, ctx);
+  else
+    cpu_absorb<false>(learner, w.f32(), other.f32(), n, ctx);
+}
+
+template <bool kFromVelocity>
+void SmaSync::cpu_absorb(int learner, float* w, const float* other, int64_t n, const ExecContext& ctx) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int64_t first = learner * blocks / learners_;
+  float* z = average_.f32();
+  float* absorbed = absorbed_.f32();
+  float* previous = previous_move_.f32();
+  const float alpha = static_cast<float>(alpha_), mu_z = static_cast<float>(mu_z_);
+  ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
+    for (int64_t rotated = first_block; rotated < last_block; ++rotated) {
+      const int64_t block = (rotated + first) % blocks;
+      const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
+      std::lock_guard<std::mutex> lock(block_locks_[static_cast<size_t>(block) % block_locks_.size()]);
+      for (int64_t i = begin; i < end; ++i) {
+        const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
+        if (learner == 0)
+          math::sma_absorb_leading(w[i], snapshot, z[i], absorbed[i], previous[i], alpha, mu_z);
+        else
+          math::sma_absorb(w[i], snapshot, z[i], absorbed[i], alpha);
+      }
+    }
+  });
+}
+
 void SmaSync::reset_replicas(std::span<const Tensor> params) {
   for (const Tensor& w : params) {
     if (w.numel() != average_.numel()) throw Error("SMA: a replica's size differs from the average's");
     w.copy_from(average_);
   }
   previous_move_.fill(0.0f);
+  if (absorbed_.defined()) absorbed_.fill(0.0f);
 }
 
 }  // namespace quiver

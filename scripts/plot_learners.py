@@ -13,11 +13,14 @@ def read_table(path):
         lines = [line.strip() for line in f if line.strip().startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     ks = [int(h.split()[0]) for h in header if h.endswith("learner(s)")]
+    first = header.index("single-stream samples/s")
+    gated = "staleness" in header
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        single = float(cells[2])
-        rates = [float(c) for c in cells[3:3 + len(ks)]]
-        rows.append((f"{cells[0]} b{cells[1]}", [r / single for r in rates]))
+        single = float(cells[first])
+        rates = [float(c) for c in cells[first + 1:first + 1 + len(ks)]]
+        name = f"{cells[0]} b{cells[1]}" + (f" s{cells[2]}" if gated else "")
+        rows.append((name, [r / single for r in rates]))
     return ks, rows
 
 

@@ -22,6 +22,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(c.train.optimizer, "adam");
   EXPECT_TRUE(c.quiet);
   EXPECT_TRUE(parse_train_command({"--help"}).help);
+  EXPECT_EQ(parse_train_command({"--learners", "3", "--staleness", "2"}).staleness, 2);
+  EXPECT_EQ(parse_train_command({"--learners", "3"}).staleness, 0);
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -76,7 +78,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--alpha", "0.5"}, "--alpha"}, BadFlag{{"--checkpoint", "z.ckpt"}, "--checkpoint"},
                       BadFlag{{"--learners", "2", "--resume", ""}, "--resume"},
                       BadFlag{{"--intra", "2"}, "--intra"}, BadFlag{{"--profile-cache", ""}, "--profile-cache"},
-                      BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"}),
+                      BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"},
+                      BadFlag{{"--staleness", "1"}, "--staleness"},
+                      BadFlag{{"--learners", "2", "--staleness", "-1"}, "--staleness"},
+                      BadFlag{{"--learners", "2", "--staleness", "65"}, "--staleness"},
+                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
+                      BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)

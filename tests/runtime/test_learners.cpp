@@ -2,7 +2,11 @@
 // against plain momentum SGD, reproducibility, convergence of several learners, bad options.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <future>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -58,6 +62,40 @@ TEST(Sma, RejectsBadOptions) {
   Tensor w = flat({1, 2, 3});
   std::vector<Tensor> params{w, w}, snapshots{w};
   EXPECT_THROW(sma.round(params, snapshots), Error);
+}
+
+// Bounded staleness: each learner absorbs its correction into z as it arrives, against z as the
+// learners before it left it. Same numbers as above, learner 1 first, then learner 2, then
+// learner 1 again without local movement.
+TEST(Sma, AbsorbMatchesAHandComputedExample) {
+  for (bool from_velocity : {false, true}) {
+    Tensor z = flat({1, 2, 3});
+    SmaSync sma(z, 2, SmaOptions{0.5, 0.9}, /*absorbing=*/true);
+    Tensor w1 = flat({0.4f, 2.6f, 2.9f}), w2 = flat({1.6f, 0.9f, 3.6f});
+    // The snapshot, or the velocity of a momentum-SGD step (w = s + v).
+    Tensor o1 = from_velocity ? flat({-0.1f, 0.1f, -0.1f}) : flat({0.5f, 2.5f, 3.0f});
+    Tensor o2 = from_velocity ? flat({0.1f, -0.1f, 0.1f}) : flat({1.5f, 1.0f, 3.5f});
+    sma.absorb(0, w1, o1, from_velocity, SerialContext());
+    // c1 = 0.5 (s1 - z) = (-0.25, 0.25, 0): w1 moves back by it, z forward.
+    expect_values(w1, {0.65f, 2.35f, 2.9f}, "w1");
+    expect_values(z, {0.75f, 2.25f, 3.0f}, "z after learner 1");
+    sma.absorb(1, w2, o2, from_velocity, SerialContext());
+    // c2 = 0.5 (s2 - z) = (0.375, -0.625, 0.25) against the z learner 1 left.
+    expect_values(w2, {1.225f, 1.525f, 3.35f}, "w2");
+    expect_values(z, {1.125f, 1.625f, 3.25f}, "z after learner 2");
+    // Learner 1's turn carries z's momentum: the last round's move d = c1 + c2 = (0.125, -0.375,
+    // 0.25); c1 = 0.5 (w1 - z) = (-0.2375, 0.3625, -0.175); z += c1 + 0.9 d.
+    Tensor o3 = from_velocity ? flat({0.0f, 0.0f, 0.0f}) : flat({0.65f, 2.35f, 2.9f});
+    sma.absorb(0, w1, o3, from_velocity, SerialContext());
+    expect_values(w1, {0.8875f, 1.9875f, 3.075f}, "w1 again");
+    expect_values(z, {1.0f, 1.65f, 3.3f}, "z after learner 1 again");
+  }
+  Tensor z = flat({1, 2, 3});
+  SmaSync sma(z, 2, SmaOptions{0.5, 0.0}, true);
+  EXPECT_THROW(sma.absorb(2, z, z, false, SerialContext()), Error);  // no learner 2 of 2
+  EXPECT_THROW(sma.absorb(0, flat({1, 2}), flat({1, 2}), false, SerialContext()), Error);
+  SmaSync synchronous(z, 2, SmaOptions{0.5, 0.0});
+  EXPECT_THROW(synchronous.absorb(0, z, z, false, SerialContext()), Error);  // not made for absorbing
 }
 
 struct Batches {
@@ -255,6 +293,117 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   EXPECT_TRUE(measured);
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
+}
+
+// The clock gate of bounded staleness: wait_at_most(n) returns only once n or fewer pieces of
+// work are left (here one blocks the stream, so it cannot return before it is released).
+TEST(CpuStream, WaitAtMostReturnsOnceFewEnoughAreLeft) {
+  CpuStream stream;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> done{0};
+  stream.submit([released] { released.wait(); });
+  for (int i = 0; i < 3; ++i) stream.submit([&done] { ++done; });
+  std::atomic<bool> returned{false};
+  std::atomic<int> done_at_return{-1};
+  std::thread waiter([&] {
+    stream.wait_at_most(1);
+    done_at_return = done.load();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned.load());  // four left: the blocked one and three behind it
+  stream.wait_at_most(4);         // four left: returns at once
+  release.set_value();
+  waiter.join();
+  EXPECT_GE(done_at_return.load(), 2);  // at most one was left when it returned
+  stream.wait();
+  EXPECT_EQ(done.load(), 3);
+  stream.submit([] { throw Error("deliberate"); });
+  stream.submit([] {});
+  EXPECT_THROW(stream.wait_at_most(0), Error);
+}
+
+LearnerOptions stale(int learners, int staleness, double alpha = -1.0) {
+  LearnerOptions options{learners, 1, SmaOptions{alpha, 0.9}};
+  options.staleness = staleness;
+  return options;
+}
+
+// One learner has nobody to be stale against: with a staleness bound its corrections and z's
+// momentum are the synchronous ones, bit for bit.
+TEST(Learners, StalenessWithOneLearnerIsSynchronousSma) {
+  Batches data(8);
+  LearnerGroup synchronous(models::mlp(), recipe(), stale(1, 0, 0.5));
+  LearnerGroup bounded(models::mlp(), recipe(), stale(1, 3, 0.5));
+  for (int round = 0; round < 10; ++round)
+    EXPECT_EQ(bounded.round(data.images.data(), data.labels.data()),
+              synchronous.round(data.images.data(), data.labels.data()));
+  const Tensor &a = bounded.average(), &b = synchronous.average();
+  EXPECT_EQ(std::vector<float>(a.f32(), a.f32() + a.numel()), std::vector<float>(b.f32(), b.f32() + b.numel()));
+  const Tensor &wa = bounded.replica(0).flat_params(), &wb = synchronous.replica(0).flat_params();
+  EXPECT_EQ(std::vector<float>(wa.f32(), wa.f32() + wa.numel()), std::vector<float>(wb.f32(), wb.f32() + wb.numel()));
+}
+
+// Learners up to two rounds apart still converge, through round() and through fit() (which keeps
+// the batches of rounds still running), and z, read after they settle, classifies well.
+TEST(Learners, LearnersWithinAStalenessBoundConverge) {
+  Batches data(2 * 8, 11);
+  TrainOptions train = recipe();
+  train.learning_rate = 0.05;
+  LearnerGroup group(models::mlp(), train, stale(2, 2));
+  EXPECT_EQ(group.staleness(), 2);
+  const double start = group.round(data.images.data(), data.labels.data());
+  for (int round = 0; round < 150; ++round) group.round(data.images.data(), data.labels.data());
+  group.settle();
+  const double loss = group.round(data.images.data(), data.labels.data());
+  EXPECT_LT(loss, 0.2 * start);
+  Dataset samples;
+  samples.count = 16, samples.rows = 28, samples.cols = 28;
+  samples.images = data.images;
+  samples.labels = data.labels;
+  EXPECT_GT(group.evaluate(samples), 0.8);
+
+  LearnerGroup fitted(models::mlp(), train, stale(3, 2));
+  Dataset more = samples;
+  Batches extra(6 * 8, 13);
+  more.count = 48, more.images = extra.images, more.labels = extra.labels;
+  TrainReport report = fitted.fit(more, &more, 30);
+  EXPECT_EQ(report.steps, 30 * 2);
+  EXPECT_LT(report.epochs.back().mean_loss, 0.5 * report.epochs.front().mean_loss);
+  EXPECT_GT(report.epochs.back().test_accuracy, 0.8);
+}
+
+TEST(Learners, StalenessOptionsAreChecked) {
+  auto refused = [](TrainOptions train, LearnerOptions options, const char* expected) {
+    try {
+      LearnerGroup group(models::mlp(), train, options);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  };
+  refused(recipe(), stale(2, -1), "staleness: must be in [0, 64]");
+  refused(recipe(), stale(2, kMaxStaleness + 1), "staleness: must be in [0, 64]");
+  LearnerOptions ssgd = stale(2, 1);
+  ssgd.sync = Sync::Ssgd;
+  refused(recipe(), ssgd, "needs --sync sma");
+  TrainOptions on_gpu = recipe();
+  on_gpu.device = Device::cuda(0);
+  refused(on_gpu, stale(2, 1), "CPU learners only");
+  // A diverging learner's NaN loss reaches the caller from its stream: at a later round or when
+  // the learners settle, never lost.
+  Batches data(2 * 8);
+  TrainOptions train = recipe();
+  train.learning_rate = 1e30;
+  LearnerGroup group(models::mlp(), train, stale(2, 2));
+  try {
+    for (int round = 0; round < 10; ++round) group.round(data.images.data(), data.labels.data());
+    group.settle();
+    FAIL() << "a diverging run must stop";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+  }
 }
 
 TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
