@@ -1,8 +1,9 @@
 // quiver-bench-learners: training throughput of k learners kept consistent by SMA (LearnerGroup)
 // against single-stream execution (one learner, all cores, the default auto policy), per model
 // and per-learner batch. Every configuration is built once in one process; each round times
-// `steps` steps (rounds) of every configuration in turn, so drift on a shared machine hits all
-// alike; medians over rounds, ratios to single-stream. Threads: a learner gets cores / k threads
+// `steps` steps (rounds) of every configuration in turn, and at least `window` seconds (a window
+// of 20 steps of the MLP at batch 16 is ~20 ms, within reach of one hiccup of a shared machine),
+// so drift hits all alike; medians over rounds, ratios to single-stream. Threads: a learner gets cores / k threads
 // (at least one); with more learners than cores the learners share cores through the OS.
 // --device cuda[:N]: the same comparison on a GPU, a learner being one CUDA stream (single-stream:
 // one learner, one stream), SMA on a sync stream ordered by events.
@@ -31,6 +32,7 @@ using namespace quiver;
 struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
   std::vector<int> staleness = {0};
+  double window = 0.25;  // seconds, at least, per timed window
   Device device;
   Options() { batches = {16, 64}; }
 };
@@ -44,6 +46,10 @@ Options parse(int argc, char** argv) {
     if (bench::parse_grid_flag(flag, value, o)) continue;
     if (flag == "--device") {
       o.device = Device::parse(value);
+      continue;
+    }
+    if (flag == "--window") {
+      o.window = bench::to_int(flag, value) / 1000.0;
       continue;
     }
     if (flag == "--staleness") {
@@ -62,7 +68,7 @@ Options parse(int argc, char** argv) {
     if (flag != "--learners")
       throw Error(cat("unknown option '", flag,
                       "' (--models --batches --learners --staleness --device --threads --warmup --steps --runs "
-                      "--output)"));
+                      "--window --output)"));
     o.learners.clear();
     for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
   }
@@ -83,6 +89,7 @@ constexpr char kUsage[] =
     "  --device D        cpu (default), cuda or cuda:N (a learner is one CUDA stream)\n"
     "  --threads T       CPU threads in all (default: all available cores)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 20, 5)\n"
+    "  --window MS       a timed window lasts at least MS milliseconds (default 250)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -103,8 +110,8 @@ int main(int argc, char** argv) {
   const std::string single = o.device.is_cpu() ? cat("one learner, ", o.threads, " threads, auto policy")
                                                 : cat("one learner, one CUDA stream on ", o.device.str());
   std::printf("# training samples/s, k learners with SMA vs single-stream (%s); "
-              "median of %d rounds of %d steps after %d warm-up steps\n%s",
-              single.c_str(), o.runs, o.steps, o.warmup, table.c_str());
+              "median of %d rounds of at least %d steps and %.0f ms after %d warm-up steps\n%s",
+              single.c_str(), o.runs, o.steps, 1000 * o.window, o.warmup, table.c_str());
   std::fflush(stdout);
   try {
     for (const std::string& model : o.models)
@@ -134,26 +141,34 @@ int main(int argc, char** argv) {
           for (auto& gate : groups)
             for (auto& group : gate) group->round(data.images_of(i), data.labels_of(i));
         }
-        // A window ends when every learner has finished its rounds (settle): with a staleness
-        // bound a round returns before the learners behind have run it.
-        auto time = [&](auto&& step, auto&& finish) {
+        // Steps per second over a window of at least `steps` steps and `window` seconds. It ends
+        // when every learner has finished its rounds (settle): with a staleness bound a round
+        // returns before the learners behind have run it.
+        auto steps_per_second = [&](auto&& step, auto&& finish) {
+          using Clock = std::chrono::steady_clock;
           finish();
-          auto start = std::chrono::steady_clock::now();
-          for (int s = 0; s < o.steps; ++s) step(s);
+          const Clock::time_point start = Clock::now();
+          auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+          int steps = 0;
+          do {
+            for (int s = 0; s < o.steps; ++s) step(steps + s);
+            steps += o.steps;
+          } while (seconds() < o.window);
           finish();
-          return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          return steps / seconds();
         };
         std::vector<double> single_rates;
         std::vector<std::map<int, std::vector<double>>> rates(o.staleness.size());
         for (int run = 0; run < o.runs; ++run) {
-          single_rates.push_back(o.steps * batch / time([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); },
-                                                        [] {}));
+          single_rates.push_back(
+              batch * steps_per_second([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); }, [] {}));
           for (size_t g = 0; g < groups.size(); ++g)
             for (size_t i = 0; i < o.learners.size(); ++i) {
               LearnerGroup& group = *groups[g][i];
               rates[g][o.learners[i]].push_back(
-                  o.steps * batch * o.learners[i] /
-                  time([&](int s) { group.round(data.images_of(s), data.labels_of(s)); }, [&] { group.settle(); }));
+                  batch * o.learners[i] *
+                  steps_per_second([&](int s) { group.round(data.images_of(s), data.labels_of(s)); },
+                                   [&] { group.settle(); }));
             }
         }
         const double base = bench::median(single_rates);

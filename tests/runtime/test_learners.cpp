@@ -1,5 +1,6 @@
 // Learners and SMA: SMA against a hand-computed 2-learner example, one learner with alpha 0
-// against plain momentum SGD, reproducibility, convergence of several learners, bad options.
+// against plain momentum SGD, reproducibility, convergence of several learners, bad options; the
+// staleness bound (the clock gate, hand-computed absorption, one learner equal to synchronous SMA).
 #include <gtest/gtest.h>
 
 #include <atomic>
