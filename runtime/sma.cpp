@@ -117,6 +117,22 @@ void SmaSync::absorb(int learner, const Tensor& w, const Tensor& other, bool fro
     cpu_absorb<false>(learner, w.f32(), other.f32(), n, ctx);
 }
 
+namespace {
+// One block of one learner's absorption; templated and restrict-qualified so the loop vectorizes
+// (a branch on the learner inside it, or possible aliasing, made it scalar and ~2x slower).
+template <bool kFromVelocity, bool kLeading>
+void absorb_block(float* __restrict w, const float* __restrict other, float* __restrict z, float* __restrict absorbed,
+                  float* __restrict previous, float alpha, float mu_z, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
+    if constexpr (kLeading)
+      math::sma_absorb_leading(w[i], snapshot, z[i], absorbed[i], previous[i], alpha, mu_z);
+    else
+      math::sma_absorb(w[i], snapshot, z[i], absorbed[i], alpha);
+  }
+}
+}  // namespace
+
 template <bool kFromVelocity>
 void SmaSync::cpu_absorb(int learner, float* w, const float* other, int64_t n, const ExecContext& ctx) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -130,13 +146,12 @@ void SmaSync::cpu_absorb(int learner, float* w, const float* other, int64_t n, c
       const int64_t block = (rotated + first) % blocks;
       const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
       std::lock_guard<std::mutex> lock(block_locks_[static_cast<size_t>(block) % block_locks_.size()]);
-      for (int64_t i = begin; i < end; ++i) {
-        const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
-        if (learner == 0)
-          math::sma_absorb_leading(w[i], snapshot, z[i], absorbed[i], previous[i], alpha, mu_z);
-        else
-          math::sma_absorb(w[i], snapshot, z[i], absorbed[i], alpha);
-      }
+      if (learner == 0)
+        absorb_block<kFromVelocity, true>(w + begin, other + begin, z + begin, absorbed + begin, previous + begin,
+                                          alpha, mu_z, end - begin);
+      else
+        absorb_block<kFromVelocity, false>(w + begin, other + begin, z + begin, absorbed + begin, previous + begin,
+                                           alpha, mu_z, end - begin);
     }
   });
 }
