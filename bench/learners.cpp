@@ -11,6 +11,7 @@
 // synchronous rounds; a timed window ends when every learner has finished its rounds.
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -159,18 +160,25 @@ int main(int argc, char** argv) {
         };
         std::vector<double> single_rates;
         std::vector<std::map<int, std::vector<double>>> rates(o.staleness.size());
-        for (int run = 0; run < o.runs; ++run) {
+        // Each run times every configuration once, starting one further along than the run
+        // before, so no configuration always follows the same one (whose idle threads and cache
+        // footprint it would inherit every time).
+        std::vector<std::function<void()>> measure;
+        measure.push_back([&] {
           single_rates.push_back(
               batch * steps_per_second([&](int s) { single.train_step(data.images_of(s), data.labels_of(s)); }, [] {}));
-          for (size_t g = 0; g < groups.size(); ++g)
-            for (size_t i = 0; i < o.learners.size(); ++i) {
+        });
+        for (size_t g = 0; g < groups.size(); ++g)
+          for (size_t i = 0; i < o.learners.size(); ++i)
+            measure.push_back([&, g, i] {
               LearnerGroup& group = *groups[g][i];
               rates[g][o.learners[i]].push_back(
                   batch * o.learners[i] *
                   steps_per_second([&](int s) { group.round(data.images_of(s), data.labels_of(s)); },
                                    [&] { group.settle(); }));
-            }
-        }
+            });
+        for (int run = 0; run < o.runs; ++run)
+          for (size_t m = 0; m < measure.size(); ++m) measure[(m + static_cast<size_t>(run)) % measure.size()]();
         const double base = bench::median(single_rates);
         Dataset pool_data;
         pool_data.rows = 28, pool_data.cols = 28;

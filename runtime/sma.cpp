@@ -12,6 +12,31 @@ namespace {
 // SMA passes go block by block: a block of z stays in cache while every learner visits it, and is
 // the unit absorb() locks.
 constexpr int64_t kBlock = 4096;
+
+// One learner's corrections over one block, added to `move`; restrict-qualified so it vectorizes
+// (GCC left it scalar when w, z and move might alias).
+template <bool kFromVelocity>
+void correct_block(float* __restrict w, const float* __restrict other, const float* __restrict z,
+                   float* __restrict move, float alpha, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
+    move[i] += math::sma_correct(w[i], snapshot, z[i], alpha);
+  }
+}
+
+// One block of one learner's absorption; templated and restrict-qualified so the loop vectorizes
+// (a branch on the learner inside it, or possible aliasing, made it scalar and ~2x slower).
+template <bool kFromVelocity, bool kLeading>
+void absorb_block(float* __restrict w, const float* __restrict other, float* __restrict z, float* __restrict absorbed,
+                  float* __restrict previous, float alpha, float mu_z, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
+    if constexpr (kLeading)
+      math::sma_absorb_leading(w[i], snapshot, z[i], absorbed[i], previous[i], alpha, mu_z);
+    else
+      math::sma_absorb(w[i], snapshot, z[i], absorbed[i], alpha);
+  }
+}
 }  // namespace
 
 SmaOptions checked_sma_options(SmaOptions options, int learners) {
@@ -89,14 +114,9 @@ void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> param
     for (int64_t block = first_block; block < last_block; ++block) {
       const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
       float move[kBlock] = {};
-      for (size_t j = 0; j < params.size(); ++j) {
-        float* w = params[j].f32();
-        const float* o = other[j].f32();
-        for (int64_t i = begin; i < end; ++i) {
-          const float snapshot = kFromVelocity ? w[i] - o[i] : o[i];
-          move[i - begin] += math::sma_correct(w[i], snapshot, z[i], alpha);
-        }
-      }
+      for (size_t j = 0; j < params.size(); ++j)
+        correct_block<kFromVelocity>(params[j].f32() + begin, other[j].f32() + begin, z + begin, move, alpha,
+                                     end - begin);
       for (int64_t i = begin; i < end; ++i) math::sma_move(z[i], previous[i], move[i - begin], mu_z);
     }
   });
@@ -116,22 +136,6 @@ void SmaSync::absorb(int learner, const Tensor& w, const Tensor& other, bool fro
   else
     cpu_absorb<false>(learner, w.f32(), other.f32(), n, ctx);
 }
-
-namespace {
-// One block of one learner's absorption; templated and restrict-qualified so the loop vectorizes
-// (a branch on the learner inside it, or possible aliasing, made it scalar and ~2x slower).
-template <bool kFromVelocity, bool kLeading>
-void absorb_block(float* __restrict w, const float* __restrict other, float* __restrict z, float* __restrict absorbed,
-                  float* __restrict previous, float alpha, float mu_z, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float snapshot = kFromVelocity ? w[i] - other[i] : other[i];
-    if constexpr (kLeading)
-      math::sma_absorb_leading(w[i], snapshot, z[i], absorbed[i], previous[i], alpha, mu_z);
-    else
-      math::sma_absorb(w[i], snapshot, z[i], absorbed[i], alpha);
-  }
-}
-}  // namespace
 
 template <bool kFromVelocity>
 void SmaSync::cpu_absorb(int learner, float* w, const float* other, int64_t n, const ExecContext& ctx) {
