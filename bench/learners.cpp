@@ -137,10 +137,23 @@ int main(int argc, char** argv) {
           for (int k : o.learners)
             groups[g].push_back(std::make_unique<LearnerGroup>(
                 models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.staleness[g])));
-        for (int i = 0; i < o.warmup; ++i) {
-          single.train_step(data.images_of(i), data.labels_of(i));
+        // Warm-up: at least `warmup` steps, and until every executor (auto policy) has finished
+        // profiling and its trials, which for the CNN takes longer than 40 steps; a profiling
+        // step is slower than a settled one, and it would count against whichever it hit.
+        auto tuning = [&] {
+          if (single.executor() && !single.executor()->tuned()) return true;
           for (auto& gate : groups)
-            for (auto& group : gate) group->round(data.images_of(i), data.labels_of(i));
+            for (auto& group : gate)
+              if (group->executor_tuning_runs_left() > 0) return true;
+          return false;
+        };
+        for (int i = 0; i < o.warmup || tuning(); ++i) {
+          if (i < o.warmup || (single.executor() && !single.executor()->tuned()))
+            single.train_step(data.images_of(i), data.labels_of(i));
+          for (auto& gate : groups)
+            for (auto& group : gate)
+              if (i < o.warmup || group->executor_tuning_runs_left() > 0)
+                group->round(data.images_of(i), data.labels_of(i));
         }
         // Steps per second over a window of at least `steps` steps and `window` seconds. It ends
         // when every learner has finished its rounds (settle): with a staleness bound a round

@@ -147,6 +147,15 @@ LearnerGroup::~LearnerGroup() {
   }
 }
 
+int64_t LearnerGroup::executor_tuning_runs_left() const {
+  settle();  // a learner behind under a staleness bound may be running its executor now
+  int64_t left = 0;
+  for (const auto& learner : learners_)
+    if (const Executor* executor = learner->trainer->executor())
+      left = std::max<int64_t>(left, executor->tuning_runs_left());
+  return left;
+}
+
 void LearnerGroup::settle() const {
   std::exception_ptr first_error;
   for (const auto& learner : learners_) {
@@ -336,10 +345,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   int64_t measured_samples = 0;
   Clock::time_point measure_start = Clock::now();
   auto start_measuring = [&] {
-    int64_t left = 0;
-    for (auto& learner : learners_)
-      if (learner->trainer->executor()) left = std::max<int64_t>(left, learner->trainer->executor()->tuning_runs_left());
-    warmup_rounds = left + 3;
+    warmup_rounds = executor_tuning_runs_left() + 3;
     measure_start = Clock::now();
     measured_rounds = 0;
     measured_samples = 0;

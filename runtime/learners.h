@@ -106,6 +106,9 @@ class LearnerGroup {
   const std::vector<TunerStep>& tuner_history() const { return history_; }
   // With tune: true once the tuner has settled (the last history entry is its choice).
   bool tuned() const { return tuned_; }
+  // Profiling and trial steps the learners' executors (auto policy) still have to run: their
+  // steps are not representative until then. Settles first.
+  int64_t executor_tuning_runs_left() const;
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
