@@ -375,6 +375,29 @@ TEST(Learners, LearnersWithinAStalenessBoundConverge) {
   EXPECT_GT(report.epochs.back().test_accuracy, 0.8);
 }
 
+// The learners' auto executors profile over their first steps; executor_tuning_runs_left() counts
+// those steps down to 0 (the bench and the tuner time nothing before), also under a staleness bound.
+TEST(Learners, ExecutorTuningRunsCountDownToZero) {
+  Batches data(2 * 8);
+  TrainOptions train = recipe();
+  train.policy = "auto";
+  train.profile_cache = "";
+  for (int staleness : {0, 1}) {
+    LearnerGroup group(models::mlp(), train, stale(2, staleness));
+    const int64_t at_start = group.executor_tuning_runs_left();
+    EXPECT_GT(at_start, 0) << "staleness " << staleness;
+    int64_t rounds = 0;
+    while (group.executor_tuning_runs_left() > 0 && rounds < 10 * at_start + 100) {
+      group.round(data.images.data(), data.labels.data());
+      ++rounds;
+    }
+    EXPECT_EQ(group.executor_tuning_runs_left(), 0) << "staleness " << staleness;
+    EXPECT_GE(rounds, at_start) << "staleness " << staleness;
+  }
+  LearnerGroup serial(models::mlp(), recipe(), stale(2, 0));
+  EXPECT_EQ(serial.executor_tuning_runs_left(), 0);  // nothing to profile under the serial policy
+}
+
 TEST(Learners, StalenessOptionsAreChecked) {
   auto refused = [](TrainOptions train, LearnerOptions options, const char* expected) {
     try {
