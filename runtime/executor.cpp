@@ -38,6 +38,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMeasurementsKept = 32;
+constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
 
 }  // namespace
 
@@ -158,8 +159,10 @@ int Executor::lanes() const { return static_cast<int>(state_->lanes.size()); }
 int Executor::tuning_runs_left() const {
   if (options_.policy != Policy::Auto || tuned_) return 0;
   const size_t profiling = profile_schedule_.size() - std::min(profile_run_, profile_schedule_.size());
-  const size_t trials = capacity_ > 1 ? static_cast<size_t>(3 * options_.trial_rounds) : 0;
-  return static_cast<int>(profiling + trials - std::min(trial_run_, trials));
+  if (capacity_ == 1) return static_cast<int>(profiling);
+  const size_t trials = kCandidates * static_cast<size_t>(options_.trial_rounds);
+  const size_t trials_left = std::max(trials - std::min(trial_run_, trials), kCandidates - trial_run_ % kCandidates);
+  return static_cast<int>(profiling + trials_left);
 }
 
 void Executor::use_grants(const std::vector<int>& grants) {
@@ -171,6 +174,11 @@ void Executor::use_grants(const std::vector<int>& grants) {
   }
 }
 
+void Executor::use_schedule(int candidate) {
+  use_grants(candidate_grants_[candidate]);
+  width_ = candidate_widths_[candidate];
+}
+
 void Executor::finish_profiling() {
   model_.fit();
   const int count = static_cast<int>(keys_.size());
@@ -178,17 +186,21 @@ void Executor::finish_profiling() {
   for (int p = 0; p < count; ++p)
     model_grants[p] = model_.grant(keys_[p], options_.grant_tolerance, options_.grant_slack_s);
   candidate_grants_ = {model_grants};
+  candidate_widths_ = {capacity_};
   if (capacity_ > 1) {
-    candidate_names_ = {"model", "intra", "narrow"};
+    // The model's grants; intra (every op on all threads); narrow (one thread per op, ops side by
+    // side); serial (one thread, one op at a time: where splitting small ops costs more than it
+    // saves and co-running ops fight over memory bandwidth, it beats the others).
+    candidate_names_ = {"model", "intra", "narrow", "serial"};
     candidate_grants_.push_back(std::vector<int>(count, capacity_));
     candidate_grants_.push_back(std::vector<int>(count, 1));
+    candidate_grants_.push_back(std::vector<int>(count, 1));
+    candidate_widths_ = {capacity_, capacity_, capacity_, 1};
     trial_seconds_.assign(candidate_grants_.size(), {});
-    for (int round = 0; round < options_.trial_rounds; ++round)
-      for (int c = 0; c < static_cast<int>(candidate_grants_.size()); ++c) trial_order_.push_back(c);
   } else {
     tuned_ = true;
   }
-  use_grants(model_grants);
+  use_schedule(0);
   profiled_ = true;
   if (!options_.profile_cache.empty() && !loaded_from_cache_) {
     try {
@@ -362,12 +374,12 @@ void Executor::run() {
   for (int p = 0; p < static_cast<int>(state.waiting.size()); ++p)
     if (state.waiting[p] == 0) state.ready.push_back(p);
   state.running.clear();
-  state.free_threads = capacity_;
   state.finished = 0;
   state.profiling = options_.policy == Policy::Auto && !profiled_;
   state.profile_threads = state.profiling ? profile_schedule_[profile_run_] : 0;
   const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
-  if (trial) use_grants(candidate_grants_[trial_order_[trial_run_]]);
+  if (trial) use_schedule(static_cast<int>(trial_run_ % kCandidates));  // candidates interleaved
+  state.free_threads = options_.policy == Policy::Auto && profiled_ ? width_ : capacity_;
   state.start = Clock::now();
   state.first_error = nullptr;
   peak_running_ = peak_threads_ = 0;
@@ -383,8 +395,11 @@ void Executor::run() {
     lock.unlock();
     finish_profiling();
   } else if (trial) {
-    trial_seconds_[trial_order_[trial_run_]].push_back(std::chrono::duration<double>(Clock::now() - state.start).count());
-    if (++trial_run_ == trial_order_.size()) {
+    trial_seconds_[trial_run_ % kCandidates].push_back(std::chrono::duration<double>(Clock::now() - state.start).count());
+    trial_time_ += trial_seconds_[trial_run_ % kCandidates].back();
+    ++trial_run_;
+    if (trial_run_ % kCandidates == 0 && trial_run_ >= kCandidates * static_cast<size_t>(options_.trial_rounds) &&
+        trial_time_ >= options_.trial_seconds) {
       // intra is the baseline to beat: another schedule must be faster by a margin larger
       // than the trial's noise, or auto stays with intra.
       constexpr int kIntra = 1;
@@ -394,7 +409,7 @@ void Executor::run() {
         if (c != kIntra && median_of(trial_seconds_[c]) < (1.0 - kMargin) * median_of(trial_seconds_[kIntra]) &&
             median_of(trial_seconds_[c]) < median_of(trial_seconds_[chosen_]))
           chosen_ = c;
-      use_grants(candidate_grants_[chosen_]);
+      use_schedule(chosen_);
       tuned_ = true;
     }
   }
@@ -421,7 +436,8 @@ std::string Executor::explain() const {
                                    " samples per op and thread count after ", options_.profile_warmup, " warm-up steps)\n");
   char line[512];
   if (candidate_grants_.size() > 1) {
-    text += cat("schedule: ", candidate_names_[chosen_], " (median step time over ", options_.trial_rounds, " trial steps:");
+    text += cat("schedule: ", candidate_names_[chosen_], " (median step time over ", trial_run_ / kCandidates,
+                " trial steps each:");
     for (size_t c = 0; c < candidate_grants_.size(); ++c)
       text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(trial_seconds_[c])) / 100.0, " ms");
     text += ")\n";

@@ -48,7 +48,9 @@ struct ExecutorOptions {
   int profile_samples = 5;       // timings per op key and thread count before fitting
   double grant_tolerance = 0.05; // a grant's predicted time is within 5% of the op's best...
   double grant_slack_s = 5e-6;   // ...or within 5 us of it: a thread that saves less is not worth it
-  int trial_rounds = 5;          // steps per candidate schedule when choosing among them
+  int trial_rounds = 5;          // steps per candidate schedule when choosing among them, at least,
+  double trial_seconds = 0.25;   // ...and more rounds until the trial has lasted this long: a choice
+                                 // between sub-millisecond steps needs more than 5 samples each
   std::string profile_cache;     // load profiles from / save them to this file; "" for none
 };
 
@@ -68,8 +70,10 @@ class Executor {
   // True once the schedule is settled: always for serial, intra and fixed; for auto after
   // profiling and the trial of candidate schedules.
   bool tuned() const { return options_.policy != Policy::Auto || tuned_; }
-  int tuning_runs_left() const;  // profiling and trial steps still to run
-  // auto: the schedule it settled on ("model", "intra" or "narrow").
+  // Profiling and trial steps still to run (at least: the trial goes on, a round of every
+  // candidate at a time, until it has lasted trial_seconds).
+  int tuning_runs_left() const;
+  // auto: the schedule it settled on ("model", "intra", "narrow" or "serial").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
@@ -123,13 +127,18 @@ class Executor {
   std::vector<int> profile_schedule_;  // thread count of each remaining profiling run (0: warm-up)
   size_t profile_run_ = 0;
   bool profiled_ = false;
-  // Candidate schedules (grants per position) tried after profiling, and their step times.
+  // Candidate schedules tried after profiling, and their step times. A schedule is the grant
+  // of each position and its width, the threads in use at once (the executor's capacity, or 1
+  // for `serial`: one op at a time on one thread).
   void use_grants(const std::vector<int>& grants);
+  void use_schedule(int candidate);
   std::vector<std::string> candidate_names_{"model"};
   std::vector<std::vector<int>> candidate_grants_;
+  std::vector<int> candidate_widths_;
+  int width_ = 1;  // threads in use at once under the current schedule
   std::vector<std::vector<double>> trial_seconds_;
-  std::vector<int> trial_order_;
   size_t trial_run_ = 0;
+  double trial_time_ = 0.0;  // seconds of trial steps so far
   int chosen_ = 0;
   bool tuned_ = false;
   bool loaded_from_cache_ = false;

@@ -381,7 +381,13 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
         if (warmup_rounds > 0) {  // not measured: the executors' profiling and 3 rounds, and the time floor
           const bool floor_reached = seconds_since(measure_start) >= options_.tune_warmup_seconds;
           if (warmup_rounds > 1 || floor_reached) --warmup_rounds;
-          if (warmup_rounds == 0) measure_start = Clock::now();
+          if (warmup_rounds == 0) {
+            // An executor's trial lasts a time, not a count: it may need more steps than it said.
+            if (const int64_t left = executor_tuning_runs_left(); left > 0)
+              warmup_rounds = left + 3;
+            else
+              measure_start = Clock::now();
+          }
         } else {
           ++measured_rounds;
           measured_samples += k * batch_;

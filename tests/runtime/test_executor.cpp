@@ -261,7 +261,7 @@ TEST(Executor, CoRunningOpsStayWithinTheThreadBudget) {
   Trainer trainer(models::cnn(), train);
   Executor executor(trainer.train_plan(), executor_options(Policy::Auto, 2));
   while (!executor.profiled()) executor.run();
-  Trace trace;  // the trial steps (model, intra and one-thread schedules), then the chosen one
+  Trace trace;  // the trial steps (model, intra, narrow and serial schedules), then the chosen one
   trainer.train_plan().set_trace(&trace);
   int most_running = 0;
   while (!executor.tuned()) {
@@ -270,8 +270,9 @@ TEST(Executor, CoRunningOpsStayWithinTheThreadBudget) {
     most_running = std::max(most_running, executor.peak_running());
   }
   for (int step = 0; step < 3; ++step) executor.run();
-  // The one-thread trial schedule launches independent ops side by side (whether the OS runs
-  // them at the same instant depends on the machine's load, so the trace cannot promise it).
+  // The narrow trial schedule (one thread per op) launches independent ops side by side (whether
+  // the OS runs them at the same instant depends on the machine's load, so the trace cannot
+  // promise it).
   EXPECT_GE(most_running, 2) << "no op of the CNN step was launched beside another";
   trainer.train_plan().set_trace(nullptr);
   std::vector<TraceEvent> events = trace.events();

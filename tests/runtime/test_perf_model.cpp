@@ -172,16 +172,28 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   {
     Executor first(trainer.train_plan(), options);
     EXPECT_FALSE(first.profiled());
-    // Warm-up, 2 samples at 1 and at 2 threads, then 5 trial steps of each of 3 candidate schedules.
-    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 3 * 5);
+    // Warm-up, 2 samples at 1 and at 2 threads, then 5 trial steps of each of 4 candidate schedules.
+    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 4 * 5);
     while (!first.profiled()) first.run();
+    // The trials interleave model, intra, narrow and serial; serial runs one op at a time on one
+    // thread, the others may use both.
+    for (int c = 0; c < 4; ++c) {
+      first.run();
+      EXPECT_LE(first.peak_threads(), c == 3 ? 1 : 2) << "candidate " << c;
+      if (c == 3) {
+        EXPECT_EQ(first.peak_running(), 1);
+      }
+      if (c == 1) {
+        EXPECT_EQ(first.peak_threads(), 2) << "intra gives every op both threads";
+      }
+    }
     EXPECT_TRUE(std::filesystem::exists(path));
   }
   {
     Executor second(trainer.train_plan(), options);
     EXPECT_TRUE(second.profiled());
     EXPECT_TRUE(second.loaded_from_cache());
-    EXPECT_EQ(second.tuning_runs_left(), 3 * 5);  // no profiling, only the trials
+    EXPECT_EQ(second.tuning_runs_left(), 4 * 5);  // no profiling, only the trials
     while (!second.tuned()) second.run();
     second.run();
     const std::string report = second.explain();
