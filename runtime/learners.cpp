@@ -138,12 +138,10 @@ void LearnerGroup::resize(int learners, int threads_per_learner) { build(learner
 
 LearnerGroup::~LearnerGroup() {
   // Learners' queued tasks use z and the replicas: let them finish before anything is freed.
-  // Their errors have nowhere to go from a destructor.
-  for (auto& learner : learners_) {
-    try {
-      learner->stream.wait();
-    } catch (...) {
-    }
+  // Their errors have nowhere to go from a destructor (settle() waits for every learner first).
+  try {
+    settle();
+  } catch (...) {
   }
 }
 

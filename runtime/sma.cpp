@@ -126,7 +126,7 @@ void SmaSync::absorb(int learner, const Tensor& w, const Tensor& other, bool fro
   const int64_t n = average_.numel();
   if (learner < 0 || learner >= learners_) throw Error(cat("SMA: no learner ", learner, " of ", learners_));
   if (!absorbed_.defined()) throw Error("SMA: absorb() needs an SmaSync made for absorbing (a staleness bound)");
-  if (!average_.device().is_cpu() || !w.device().is_cpu() || !other.device().is_cpu())
+  if (!w.device().is_cpu() || !other.device().is_cpu())  // z is: the constructor checked
     throw Error("SMA: absorbing one learner's correction (a staleness bound) runs on the CPU only");
   if (w.numel() != n || other.numel() != n)
     throw Error(cat("SMA: a learner has ", w.numel(), " parameters and ", other.numel(), " ",

@@ -110,6 +110,16 @@ struct Batches {
   std::vector<int32_t> labels;
 };
 
+// The samples of Batches(count, seed) as a Dataset.
+Dataset small_dataset(int64_t count, int seed) {
+  Batches data(count, seed);
+  Dataset set;
+  set.count = count, set.rows = 28, set.cols = 28;
+  set.images = data.images;
+  set.labels = data.labels;
+  return set;
+}
+
 TrainOptions recipe() {
   TrainOptions train;
   train.batch = 8;
@@ -203,10 +213,7 @@ TEST(Learners, SeveralLearnersConverge) {
   double loss = start;
   for (int round = 0; round < 150; ++round) loss = group.round(data.images.data(), data.labels.data());
   EXPECT_LT(loss, 0.2 * start);
-  Dataset samples;
-  samples.count = 16, samples.rows = 28, samples.cols = 28;
-  samples.images = data.images;
-  samples.labels = data.labels;
+  const Dataset samples = small_dataset(16, 11);  // data's samples
   EXPECT_GT(group.evaluate(samples), 0.8);
 }
 
@@ -257,15 +264,6 @@ TEST(CpuStream, RunsWorkInOrderAndRethrows) {
 
 namespace quiver {
 namespace {
-
-Dataset small_dataset(int64_t count, int seed) {
-  Batches data(count, seed);
-  Dataset set;
-  set.count = count, set.rows = 28, set.cols = 28;
-  set.images = data.images;
-  set.labels = data.labels;
-  return set;
-}
 
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is
 // large enough, and keeps one of the configurations it measured; training continues throughout.
@@ -359,16 +357,11 @@ TEST(Learners, LearnersWithinAStalenessBoundConverge) {
   group.settle();
   const double loss = group.round(data.images.data(), data.labels.data());
   EXPECT_LT(loss, 0.2 * start);
-  Dataset samples;
-  samples.count = 16, samples.rows = 28, samples.cols = 28;
-  samples.images = data.images;
-  samples.labels = data.labels;
+  const Dataset samples = small_dataset(16, 11);  // data's samples
   EXPECT_GT(group.evaluate(samples), 0.8);
 
   LearnerGroup fitted(models::mlp(), train, stale(3, 2));
-  Dataset more = samples;
-  Batches extra(6 * 8, 13);
-  more.count = 48, more.images = extra.images, more.labels = extra.labels;
+  const Dataset more = small_dataset(6 * 8, 13);
   TrainReport report = fitted.fit(more, &more, 30);
   EXPECT_EQ(report.steps, 30 * 2);
   EXPECT_LT(report.epochs.back().mean_loss, 0.5 * report.epochs.front().mean_loss);
