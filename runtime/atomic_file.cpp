@@ -1,26 +1,49 @@
 #include "runtime/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
 namespace quiver {
 
+namespace {
+
+// Writes all of `text` to `fd` and flushes it to the disk; false (errno set) on failure.
+bool write_and_sync(int fd, const std::string& text) {
+  const char* data = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t wrote = ::write(fd, data, left);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) return false;
+    data += wrote;
+    left -= static_cast<size_t>(wrote);
+  }
+  return ::fsync(fd) == 0;
+}
+
+}  // namespace
+
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
-  // The process id keeps two writers of one path from sharing a temporary file.
-  const std::string temporary = cat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::trunc | std::ios::binary);
-    if (!out) throw Error(cat(what, ": cannot write '", path, "'"));
-    out << text;
-    if (!out.flush()) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-      throw Error(cat(what, ": writing '", path, "' failed"));
-    }
+  // The process id and a counter keep two writers of one path (two processes, or two threads of
+  // one) from sharing a temporary file.
+  static std::atomic<uint64_t> serial{0};
+  const std::string temporary = cat(path, ".tmp.", ::getpid(), ".", serial.fetch_add(1));
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
+  const bool written = write_and_sync(fd, text);
+  const int write_errno = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw Error(cat(what, ": writing '", path, "' failed: ", std::strerror(written ? errno : write_errno)));
   }
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
@@ -28,6 +51,14 @@ void write_file_atomically(const std::string& path, const std::string& text, con
     std::error_code ignored;
     std::filesystem::remove(temporary, ignored);
     throw Error(cat(what, ": cannot move '", temporary, "' to '", path, "': ", error.message()));
+  }
+  // The rename itself is durable once the directory is synced (best effort: some file systems
+  // refuse to open a directory for it).
+  const std::filesystem::path directory = std::filesystem::path(path).parent_path();
+  const char* name = directory.empty() ? "." : directory.c_str();
+  if (const int dir = ::open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
   }
 }
 

@@ -73,25 +73,34 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   std::memcpy(&header_bytes, text.data() + magic, sizeof(header_bytes));
   if (header_bytes > text.size() - magic - sizeof(header_bytes))
     throw Error(cat("checkpoint '", path, "': truncated (", text.size(), " bytes, a header of ", header_bytes, ")"));
+  // The checksum covers the header too: check it first, so a damaged header is reported as damage.
+  uint32_t stored = 0;
+  std::memcpy(&stored, text.data() + text.size() - sizeof(stored), sizeof(stored));
+  if (crc_of(text.data(), text.size() - sizeof(stored)) != stored)
+    throw Error(cat("checkpoint '", path, "': checksum mismatch (the file is corrupted or truncated)"));
   nlohmann::json header;
+  std::string holds;
+  int64_t flat_size = -1;
+  bool same_layout = false;
+  CheckpointInfo info{model, 0, 0};
   try {
     header = nlohmann::json::parse(text.substr(magic + sizeof(header_bytes), header_bytes));
-  } catch (const std::exception& error) {
-    throw Error(cat("checkpoint '", path, "': unreadable header (corrupted?): ", error.what()));
+    if (!header.is_object()) throw Error("the header is not an object");
+    holds = header.value("model", "?");
+    flat_size = header.value("flat_size", int64_t{-1});
+    same_layout = header.contains("params") && header.at("params") == layout_json(layout);
+    info.rounds = header.value("rounds", int64_t{0});
+    info.epochs_done = header.value("epochs_done", int64_t{0});
+  } catch (const std::exception& error) {  // a malformed header, or a field of the wrong type
+    throw Error(cat("checkpoint '", path, "': unreadable header: ", error.what()));
   }
-  if (!header.is_object() || header.value("model", "") != model)
-    throw Error(cat("checkpoint '", path, "': holds model '", header.is_object() ? header.value("model", "") : "?",
-                    "', not '", model, "'"));
-  if (header.value("flat_size", int64_t{-1}) != layout.flat_size() || header.at("params") != layout_json(layout))
+  if (holds != model) throw Error(cat("checkpoint '", path, "': holds model '", holds, "', not '", model, "'"));
+  if (flat_size != layout.flat_size() || !same_layout)
     throw Error(cat("checkpoint '", path, "': its parameters (names, shapes, layout) differ from model '", model, "'"));
   const size_t data_at = magic + sizeof(header_bytes) + header_bytes;
   const size_t expected = data_at + static_cast<size_t>(flat.bytes()) + sizeof(uint32_t);
   if (text.size() != expected)
     throw Error(cat("checkpoint '", path, "': truncated or the wrong size (", text.size(), " bytes, expected ", expected, ")"));
-  uint32_t stored = 0;
-  std::memcpy(&stored, text.data() + text.size() - sizeof(stored), sizeof(stored));
-  if (crc_of(text.data(), text.size() - sizeof(stored)) != stored)
-    throw Error(cat("checkpoint '", path, "': checksum mismatch (the file is corrupted)"));
   if (flat.device().is_cpu()) {
     std::memcpy(flat.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
   } else {
@@ -99,7 +108,7 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
     std::memcpy(host.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
     flat.copy_from(host);
   }
-  return CheckpointInfo{model, header.value("rounds", int64_t{0}), header.value("epochs_done", int64_t{0})};
+  return info;
 }
 
 }  // namespace quiver

@@ -439,6 +439,9 @@ TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
 }  // namespace
 }  // namespace quiver
 
+#include <zlib.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -510,6 +513,24 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   std::ifstream in(path, std::ios::binary);
   std::string cnn_bytes(std::istreambuf_iterator<char>(in), {});
   expect_rejected(cnn_bytes, "holds model 'cnn', not 'mlp'");
+  // A header that parses but holds a field of the wrong type, under a valid checksum: an error
+  // naming the file, not an exception from the JSON library.
+  const size_t magic = std::string("QUIVER-CHECKPOINT 1\n").size();
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data() + magic, sizeof(header_bytes));
+  std::string header = bytes.substr(magic + sizeof(header_bytes), header_bytes);
+  const size_t model_at = header.find("\"model\":\"mlp\"");
+  ASSERT_NE(model_at, std::string::npos) << header.substr(0, 200);
+  header.replace(model_at, 13, "\"model\":1");
+  std::string odd = bytes.substr(0, magic);
+  header_bytes = header.size();
+  odd.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
+  odd += header;
+  odd += bytes.substr(magic + sizeof(uint64_t) + header.size() + 4, std::string::npos);  // the data, old checksum
+  odd.resize(odd.size() - sizeof(uint32_t));
+  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(odd.data()), static_cast<uInt>(odd.size())));
+  odd.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  expect_rejected(odd, "unreadable header");
   std::filesystem::remove(path);
 }
 
