@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
           // measured here; its pick is judged by the fixed configurations' rates measured above.
           LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
           tuned.tune = true;
+          tuned.tune_cores = o.threads;
           tuned.max_learners = most;
           LearnerGroup tuner(models::by_name(model), train, tuned);
           tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here

@@ -25,7 +25,8 @@ std::string clock_text(double seconds) {
 // --learners N|auto: k replicas with SMA; with auto the tuner's measurements are printed, the
 // first of which is one learner on all cores (single-stream), measured in this run.
 int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& train, const quiver::Dataset& test,
-                   bool live, const std::function<void(const quiver::Progress&)>& show_progress) {
+                   bool live, const std::function<void(const quiver::Progress&)>& show_progress,
+                   const std::function<bool(const quiver::Evaluation&)>& show_evaluation) {
   using namespace quiver;
   LearnerOptions options;
   options.learners = command.learners;
@@ -36,6 +37,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;
+  options.tune_cores = command.train.threads;
   const std::string sync =
       command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;
   options.devices = command.gpus;
@@ -52,15 +54,18 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                   : cat(learners, " learner(s) (CUDA streams)");
   };
   if (command.learners_auto && !on_cpu)
-    std::cout << "learners: auto (start with 1 learner = 1 CUDA stream on " << command.train.device.str()
-              << "; add one while samples/s rises by more than 10%), sync " << sync << "\n";
+    std::cout << "learners: auto (start with 1 learner = 1 CUDA stream per GPU on " << command.gpus
+              << " GPU(s) from " << command.train.device.str()
+              << "; add one per GPU while samples/s rises by more than 10%), sync " << sync << "\n";
   else if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
-              << " threads; add one while samples/s rises by more than 10%), sync " << sync << "\n";
+              << " threads; add one, the threads split evenly, while samples/s rises by more than 10%), sync "
+              << sync << "\n";
   else
     std::cout << "learners: " << configuration(group.learners(), group.threads_per_learner()) << ", sync " << sync
               << "\n";
   if (!command.quiet) group.on_progress(show_progress);
+  group.on_evaluation(show_evaluation);
   TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
   if (live) std::cout << "\n";
   for (const EpochReport& e : report.epochs)
@@ -143,7 +148,19 @@ int main(int argc, char** argv) {
         std::cout << line << "\n";
       }
     };
-    if (command.learners > 0) return train_learners(command, train, test, live, show_progress);
+    // --eval-every: each evaluation on a line of its own (the epochs' are listed at the end).
+    auto show_evaluation = [live, every = o.eval_every](const Evaluation& e) {
+      if (every > 0) {
+        char line[160];
+        std::snprintf(line, sizeof(line), "batch %lld (epoch %lld): test accuracy %.2f%% after %.1f s of training",
+                      static_cast<long long>(e.batches), static_cast<long long>(e.epoch), 100.0 * e.test_accuracy,
+                      e.seconds);
+        std::printf("%s%-90s\n", live ? "\r" : "", line);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+    if (command.learners > 0) return train_learners(command, train, test, live, show_progress, show_evaluation);
     Trainer trainer(models::by_name(command.model), o);
     if (const Executor* executor = trainer.executor(); executor && executor->policy() == Policy::Auto) {
       if (executor->loaded_from_cache())
@@ -155,6 +172,7 @@ int main(int argc, char** argv) {
                   << "\n";
     }
     if (!command.quiet) trainer.on_progress(show_progress);
+    trainer.on_evaluation(show_evaluation);
     TrainReport report = trainer.fit(train, &test);
     if (live) std::cout << "\n";
     for (const EpochReport& e : report.epochs)

@@ -51,6 +51,8 @@ std::string train_usage() {
          "  --model mlp|cnn|lstm   model to train (default mlp)\n"
          "  --epochs N             passes over the training set (default 1)\n"
          "  --max-steps N          stop after N steps in all (default 0: no limit)\n"
+         "  --eval-every N         also evaluate the test set every N batches (default 0: after\n"
+         "                         each epoch only)\n"
          "  --batch B              batch size (default 64)\n"
          "  --threads T            threads (default: all available cores)\n"
          "  --device D             cpu (default), cuda or cuda:N; on cuda every learner is a\n"
@@ -69,11 +71,13 @@ std::string train_usage() {
          "                         performance model grants each op its threads and runs\n"
          "                         independent ops side by side)\n"
          "  --inter I --intra J    with --policy fixed: I ops side by side, J threads each\n"
-         "  --profile-cache FILE   auto: op profiles cached here (default $QUIVER_PROFILE_CACHE\n"
-         "                         or ~/.cache/quiver/profiles.json); 'none' for no cache\n"
+         "  --profile-cache FILE   auto: op profiles cached here (default $QUIVER_PROFILE_CACHE,\n"
+         "                         else quiver/profiles.json in $XDG_CACHE_HOME or ~/.cache);\n"
+         "                         'none' for no cache\n"
          "  --explain              after training, print each op's grant, predicted and\n"
-         "                         measured time and bottom level\n"
-         "  --trace FILE           write a Chrome trace of every op execution (Perfetto)\n"
+         "                         measured time and bottom level (not with --learners)\n"
+         "  --trace FILE           write a Chrome trace of every op execution (Perfetto;\n"
+         "                         not with --learners)\n"
          "  --learners N|auto      train N replicas at once, kept consistent by synchronous\n"
          "                         model averaging (SMA); auto tunes N while training\n"
          "                         (default: one model, no SMA)\n"
@@ -87,7 +91,7 @@ std::string train_usage() {
          "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
-         "  --help                 this text\n";
+         "  --help, -h             this text\n";
 }
 
 TrainCommand parse_train_command(const std::vector<std::string>& args) {
@@ -122,6 +126,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.epochs = parse_int(flag, value, 1, 10000);
     } else if (flag == "--max-steps") {
       command.train.max_steps = parse_int(flag, value, 0, int64_t{1} << 40);
+    } else if (flag == "--eval-every") {
+      command.train.eval_every = parse_int(flag, value, 0, int64_t{1} << 40);
     } else if (flag == "--batch") {
       command.train.batch = parse_int(flag, value, 1, 60000);
     } else if (flag == "--threads") {
@@ -211,6 +217,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
   if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
   if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
+  if (multi && command.explain) throw Error("--explain: single-model training only (not with --learners)");
+  if (multi && !command.train.trace_path.empty())
+    throw Error("--trace: single-model training only (not with --learners)");
   if (command.learners_auto && command.threads_per_learner > 0)
     throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
   if (multi && !command.learners_auto && command.threads_per_learner > 0 &&

@@ -42,6 +42,7 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     throw Error(cat("tune window must be >= 0 seconds, got ", options.tune_window_seconds));
   if (!(options.tune_warmup_seconds >= 0.0))
     throw Error(cat("tune warm-up must be >= 0 seconds, got ", options.tune_warmup_seconds));
+  if (options.tune_cores < 0) throw Error(cat("tune cores must be >= 0 (0: all), got ", options.tune_cores));
   // Default ceiling: twice the cores on the CPU; 8 streams per GPU (Crossbow's range) on CUDA.
   if (options.max_learners == 0)
     options_.max_learners = train_.device.is_cpu() ? 2 * available_cores() : 8 * std::max(1, options.devices);
@@ -320,6 +321,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
+  // Training time, evaluations of z taken out: samples/s and the tuner's windows do not count them.
+  FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_);
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
   if (train.rows * train.cols != features_)
     throw Error(cat("model '", model_.name, "' takes samples of ", features_, " values, the data has ", train.rows,
@@ -332,7 +335,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
 
   // Tuner state: the configuration being measured, its rounds so far, and the best one.
-  const int cores = available_cores();
+  const int cores = options_.tune_cores > 0 ? options_.tune_cores : available_cores();
   bool tuning = options_.tune;
   tuned_ = false;
   // One learner per device to start, and one more per device at each step (1 on the CPU).
@@ -341,10 +344,11 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   TunerStep best;
   int64_t measured_rounds = 0, warmup_rounds = 0;
   int64_t measured_samples = 0;
-  Clock::time_point measure_start = Clock::now();
+  double measure_start = clock.training_seconds();
+  auto measuring_seconds = [&] { return clock.training_seconds() - measure_start; };
   auto start_measuring = [&] {
     warmup_rounds = executor_tuning_runs_left() + 3;
-    measure_start = Clock::now();
+    measure_start = clock.training_seconds();
     measured_rounds = 0;
     measured_samples = 0;
   };
@@ -353,18 +357,31 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // One batch per learner a round, handed over as they came; kept while a learner may still be
   // running that round (up to `staleness` rounds back).
   std::deque<std::vector<Batch>> in_flight;
+  // Learners still running (a staleness bound) read `in_flight`'s batches: whatever ends fit(), an
+  // error included, waits for them before those batches and the batcher go.
+  struct SettleOnExit {
+    const LearnerGroup& group;
+    ~SettleOnExit() {
+      try {
+        group.settle();
+      } catch (...) {  // the error that is leaving fit() is the one to report
+      }
+    }
+  } settle_on_exit{*this};
   std::vector<const float*> images;
   std::vector<const int32_t*> labels;
   TrainReport report;
-  Clock::time_point run_start = Clock::now();
-  int64_t rounds = 0, samples = 0, batches_in_epoch = 0;
-  for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds); ++epoch) {
+  int64_t rounds = 0, samples = 0, batches_in_epoch = 0, batches_done = 0;
+  bool keep_going = true;
+  for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds) && keep_going; ++epoch) {
     EpochReport epoch_report;
     epoch_report.epoch = epoch;
-    Clock::time_point epoch_start = Clock::now(), last_report = epoch_start;
+    const double epoch_start = clock.training_seconds();
+    Clock::time_point last_report = Clock::now();
     double loss_sum = 0.0;
     int64_t epoch_rounds = 0, epoch_samples = 0;
-    for (batches_in_epoch = 0; batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds);) {
+    for (batches_in_epoch = 0;
+         batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds) && keep_going;) {
       const int k = learners();
       while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
       std::vector<Batch>& batches = in_flight.emplace_back();
@@ -372,27 +389,29 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       for (int j = 0; j < k; ++j) batches.push_back(batcher.next());
       for (const Batch& batch : batches) images.push_back(batch.images.data()), labels.push_back(batch.labels.data());
       batches_in_epoch += k;
+      batches_done += k;
       loss_sum += round(images, labels);
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuning) {
         if (warmup_rounds > 0) {  // not measured: the executors' profiling and 3 rounds, and the time floor
-          const bool floor_reached = seconds_since(measure_start) >= options_.tune_warmup_seconds;
+          const bool floor_reached = measuring_seconds() >= options_.tune_warmup_seconds;
           if (warmup_rounds > 1 || floor_reached) --warmup_rounds;
           if (warmup_rounds == 0) {
             // An executor's trial lasts a time, not a count: it may need more steps than it said.
             if (const int64_t left = executor_tuning_runs_left(); left > 0)
               warmup_rounds = left + 3;
             else
-              measure_start = Clock::now();
+              measure_start = clock.training_seconds();
           }
         } else {
           ++measured_rounds;
           measured_samples += k * batch_;
         }
         if (warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
-            seconds_since(measure_start) >= options_.tune_window_seconds) {
-          const TunerStep step{k, threads_per_learner_, measured_samples / seconds_since(measure_start)};
+            measuring_seconds() >= options_.tune_window_seconds) {
+          settle();  // under a staleness bound, count only the samples that have been trained on
+          const TunerStep step{k, threads_per_learner_, measured_samples / measuring_seconds()};
           history_.push_back(step);
           const bool better =
               best.learners == 0 || step.samples_per_second > best.samples_per_second * (1.0 + options_.tune_threshold);
@@ -418,7 +437,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       const bool last = batches_in_epoch + learners() > per_epoch || rounds == max_rounds;
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
-        const double elapsed = seconds_since(run_start);
+        const double elapsed = clock.training_seconds();
         const int64_t total_batches = epochs * per_epoch;
         const int64_t done_batches = (epoch - 1) * per_epoch + batches_in_epoch;
         Progress p{epoch, epochs, batches_in_epoch, per_epoch, done_batches, total_batches, loss_sum / epoch_rounds,
@@ -426,15 +445,16 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
                    elapsed / std::max<int64_t>(1, done_batches) * (total_batches - done_batches)};
         progress_(p);
       }
+      if (!last) keep_going = clock.between_batches(epoch, batches_done - k, batches_done);
     }
     settle();  // the epoch's samples/s count finished steps only
     epoch_report.steps = epoch_rounds;
-    epoch_report.seconds = seconds_since(epoch_start);
+    epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_rounds);
     epoch_report.train_accuracy = -1.0;
     epoch_report.samples_per_second = epoch_samples / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
-    if (test) epoch_report.test_accuracy = evaluate(*test);
+    if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
     ++epochs_done_;
     if (epoch_done_ && !epoch_done_(epoch_report)) break;

@@ -7,7 +7,7 @@
 //
 // fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
 // batches), z is evaluated after each epoch, and with `tune` the number of learners is tuned while
-// training (Crossbow): start with one learner on all cores, measure samples/s over a window, add a
+// training (Crossbow): start with one learner on all cores (or `tune_cores`), measure samples/s over a window, add a
 // learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
 // best and keep it. A change of k rebuilds the replicas from z (like a learning-rate drop).
 // One learner with the default alpha has nothing to average: it trains exactly like single-stream
@@ -64,6 +64,7 @@ struct LearnerOptions {
   // handles' first calls, pinned staging buffers) that otherwise land in the measured window.
   double tune_warmup_seconds = 0.2;
   int max_learners = 0;          // 0: twice the cores (CPU), 8 per GPU (CUDA)
+  int tune_cores = 0;            // CPU: the cores the tuner splits among learners (0: all available)
   int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
   // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the
   // caller (CPU learners under SMA; see the top of this file).
@@ -102,6 +103,9 @@ class LearnerGroup {
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included); returning false ends fit() there.
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
+  // Called after every evaluation of z on the test set in fit() (after each epoch and every
+  // TrainOptions::eval_every batches); returning false ends fit() there.
+  void on_evaluation(std::function<bool(const Evaluation&)> callback) { evaluated_ = std::move(callback); }
   // With tune: every configuration measured, in order, and the one kept.
   const std::vector<TunerStep>& tuner_history() const { return history_; }
   // With tune: true once the tuner has settled (the last history entry is its choice).
@@ -120,7 +124,10 @@ class LearnerGroup {
   double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   // z, the average model, as a flat buffer shaped like every replica's parameters.
   const Tensor& average() const;
-  ParamStore& replica(int j) { return learners_.at(j)->trainer->params(); }
+  ParamStore& replica(int j) {
+    settle();  // a learner behind under a staleness bound may be writing it
+    return learners_.at(j)->trainer->params();
+  }
   // Top-1 accuracy of z.
   double evaluate(const Dataset& data);
   // Every replica becomes z (after a learning-rate drop).
@@ -149,6 +156,7 @@ class LearnerGroup {
   int threads_per_learner_ = 1;
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;
+  std::function<bool(const Evaluation&)> evaluated_;
   std::vector<TunerStep> history_;
   bool tuned_ = false;
   std::vector<std::unique_ptr<Learner>> learners_;

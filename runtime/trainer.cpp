@@ -40,9 +40,35 @@ void check_options(const TrainOptions& o) {
   if (o.optimizer != "sgd" && o.optimizer != "adam")
     throw Error(cat("optimizer must be sgd or adam, got '", o.optimizer, "'"));
   if (o.eval_batch < 1) throw Error(cat("eval batch must be >= 1, got ", o.eval_batch));
+  if (o.eval_every < 0) throw Error(cat("eval every must be >= 0 batches, got ", o.eval_every));
 }
 
 }  // namespace
+
+FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback)
+    : every_(every), evaluate_(std::move(evaluate)), callback_(std::move(callback)), start_(Clock::now()) {}
+
+double FitClock::training_seconds() const { return seconds_since(start_) - evaluating_seconds_; }
+
+bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
+  const double trained = training_seconds();
+  const Clock::time_point begin = Clock::now();
+  last_accuracy_ = evaluate_();
+  evaluated_at_ = batches;
+  const bool keep_going = !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
+  evaluating_seconds_ += seconds_since(begin);  // the callback's time is not training either
+  return keep_going;
+}
+
+bool FitClock::between_batches(int64_t epoch, int64_t before, int64_t after) {
+  if (every_ <= 0 || after / every_ == before / every_) return true;
+  return evaluate_at(epoch, after);
+}
+
+double FitClock::epoch_end(int64_t epoch, int64_t batches, bool& keep_going) {
+  if (evaluated_at_ != batches) keep_going = evaluate_at(epoch, batches) && keep_going;
+  return last_accuracy_;
+}
 
 Trainer::Trainer(ModelSpec model, TrainOptions options)
     : model_(std::move(model)), options_(std::move(options)) {
@@ -151,16 +177,17 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   const int64_t classes = train_plan_->tensor(probs_).shape()[1];
 
   TrainReport report;
-  Clock::time_point run_start = Clock::now();
+  FitClock clock(test ? options_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_);
   int64_t global = 0;
-  for (int64_t epoch = 1; epoch <= options_.epochs && global < total; ++epoch) {
+  bool keep_going = true;
+  for (int64_t epoch = 1; epoch <= options_.epochs && global < total && keep_going; ++epoch) {
     EpochReport epoch_report;
     epoch_report.epoch = epoch;
-    Clock::time_point epoch_start = Clock::now();
+    const double epoch_start = clock.training_seconds();
     double loss_sum = 0.0;
     int64_t correct = 0;
-    Clock::time_point last_report = epoch_start;
-    for (int64_t step = 1; step <= per_epoch && global < total; ++step) {
+    Clock::time_point last_report = Clock::now();
+    for (int64_t step = 1; step <= per_epoch && global < total && keep_going; ++step) {
       Batch batch = batcher.next();
       double loss = train_step(batch.images.data(), batch.labels.data());
       ++global;
@@ -171,20 +198,21 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       bool last = step == per_epoch || global == total;
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
-        double elapsed = seconds_since(run_start);
+        double elapsed = clock.training_seconds();
         Progress p{epoch, options_.epochs, step, per_epoch, global, total, loss_sum / step,
                    global * options_.batch / std::max(elapsed, 1e-9),
                    elapsed / global * (total - global)};
         progress_(p);
       }
+      if (!last) keep_going = clock.between_batches(epoch, global - 1, global);
     }
-    epoch_report.seconds = seconds_since(epoch_start);
+    epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_report.steps);
     epoch_report.train_accuracy =
         static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch);
     epoch_report.samples_per_second = epoch_report.steps * options_.batch / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
-    if (test) epoch_report.test_accuracy = evaluate(*test);
+    if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, global, keep_going);
     report.epochs.push_back(epoch_report);
     if (epoch_done_ && !epoch_done_(epoch_report)) break;
   }
@@ -211,6 +239,10 @@ double Trainer::evaluate(const Dataset& data) {
   if (data.rows * data.cols != features)
     throw Error(cat("evaluate: model takes ", features, " values per sample, the data has ",
                     data.rows, "x", data.cols));
+  if (data.count < 0 || static_cast<int64_t>(data.images.size()) != data.count * features ||
+      static_cast<int64_t>(data.labels.size()) != data.count)
+    throw Error(cat("evaluate: dataset is inconsistent: count ", data.count, ", ", data.images.size(), " values, ",
+                    data.labels.size(), " labels"));
   const Tensor& logits = plan.tensor(eval_logits_);
   const int64_t classes = logits.shape()[1];
   int64_t correct = 0;

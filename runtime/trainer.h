@@ -5,6 +5,7 @@
 // throughput. Multi-learner training builds on the same pieces.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct TrainOptions {
   double weight_decay = 0.0;
   uint64_t seed = 1;
   int64_t eval_batch = 1000;
+  // fit(): besides after each epoch, evaluate the test set every this many training batches
+  // (every learner's batches count); 0: after each epoch only.
+  int64_t eval_every = 0;
   bool profile = false;  // time every step of the training plan (Plan::profile_report)
   std::string trace_path;  // non-empty: write a Chrome trace of the training steps there after fit
   // The Executor's policy: "auto" (the performance model grants each op its threads, up to
@@ -67,6 +71,41 @@ struct EpochReport {
   double samples_per_second = 0.0;
 };
 
+// One evaluation of the test set during fit(): after each epoch and, with
+// TrainOptions::eval_every, every that many batches.
+struct Evaluation {
+  int64_t epoch = 0;
+  int64_t batches = 0;     // training batches so far (every learner's: samples = batches x batch)
+  double seconds = 0.0;    // training time so far; evaluations are not counted
+  double test_accuracy = 0.0;
+};
+
+// The clock of a fit() loop: training time with the test evaluations (and their callbacks) taken
+// out, so samples/s and a tuner's windows do not count them; and the evaluations themselves, after
+// each epoch and every `every` batches, each handed to `callback` (returning false asks fit() to
+// stop).
+class FitClock {
+ public:
+  FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback);
+  double training_seconds() const;
+  // After training batches (before, after] of the run: evaluates once if a multiple of `every`
+  // lies in that range. Returns false when the callback asked to stop.
+  bool between_batches(int64_t epoch, int64_t before, int64_t after);
+  // At the end of an epoch, `batches` into the run: the test accuracy, evaluated unless the last
+  // evaluation was at this very batch. `keep_going` becomes false when the callback asked to stop.
+  double epoch_end(int64_t epoch, int64_t batches, bool& keep_going);
+
+ private:
+  bool evaluate_at(int64_t epoch, int64_t batches);
+  int64_t every_;
+  std::function<double()> evaluate_;
+  std::function<bool(const Evaluation&)> callback_;
+  std::chrono::steady_clock::time_point start_;
+  double evaluating_seconds_ = 0.0;
+  int64_t evaluated_at_ = -1;
+  double last_accuracy_ = -1.0;
+};
+
 struct TrainReport {
   std::vector<EpochReport> epochs;
   int64_t steps = 0;
@@ -90,6 +129,8 @@ class Trainer {
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation included); returning false ends fit() there.
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
+  // Called after every evaluation of the test set in fit(); returning false ends fit() there.
+  void on_evaluation(std::function<bool(const Evaluation&)> callback) { evaluated_ = std::move(callback); }
   ParamStore& params() { return *store_; }
   const ParamStore& params() const { return *store_; }
   const Graph& train_graph() const { return train_graph_; }
@@ -118,6 +159,7 @@ class Trainer {
   std::vector<float> host_buffer_;
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;
+  std::function<bool(const Evaluation&)> evaluated_;
 };
 
 }  // namespace quiver

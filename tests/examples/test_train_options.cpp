@@ -24,6 +24,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_TRUE(parse_train_command({"--help"}).help);
   EXPECT_EQ(parse_train_command({"--learners", "3", "--staleness", "2"}).staleness, 2);
   EXPECT_EQ(parse_train_command({"--learners", "3"}).staleness, 0);
+  EXPECT_EQ(parse_train_command({"--eval-every", "100"}).train.eval_every, 100);
+  EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -66,7 +68,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--batch", "abc"}, "--batch"}, BadFlag{{"--batch", "12x"}, "--batch"},
                       BadFlag{{"--epochs", "-1"}, "--epochs"}, BadFlag{{"--threads", "0"}, "--threads"},
                       BadFlag{{"--lr", "-0.1"}, "--lr"}, BadFlag{{"--lr", "nan"}, "--lr"},
-                      BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"},
+                      BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"}, BadFlag{{"--eval-every", "-1"}, "--eval-every"},
+                      BadFlag{{"--learners", "2", "--explain"}, "--explain"},
+                      BadFlag{{"--learners", "auto", "--trace", "t.json"}, "--trace"},
                       BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
                       BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},

@@ -217,6 +217,28 @@ TEST(Learners, SeveralLearnersConverge) {
   EXPECT_GT(group.evaluate(samples), 0.8);
 }
 
+// The learners' fit() evaluates z every N batches (every learner's count; a round adds k) and
+// after each epoch, and stops where the callback says.
+TEST(Learners, EvaluateEveryNBatchesAndStopThere) {
+  const Dataset train = small_dataset(80, 5), test = small_dataset(16, 6);  // 10 batches of 8 an epoch
+  TrainOptions options = recipe();
+  options.eval_every = 3;
+  LearnerGroup group(models::mlp(), options, LearnerOptions{2, 1, SmaOptions{}});
+  std::vector<int64_t> batches;
+  double last = -1.0;
+  group.on_evaluation([&](const Evaluation& e) {
+    batches.push_back(e.batches);
+    last = e.test_accuracy;
+    return e.batches < 6;
+  });
+  const TrainReport report = group.fit(train, &test, 2);
+  EXPECT_EQ(batches, (std::vector<int64_t>{4, 6}));  // rounds end at 2, 4, 6: multiples of 3 passed at 4 and 6
+  EXPECT_EQ(report.steps, 3) << "rounds";
+  ASSERT_EQ(report.epochs.size(), 1u);
+  EXPECT_EQ(report.epochs[0].test_accuracy, last);
+  EXPECT_EQ(group.evaluate(test), last);
+}
+
 TEST(Learners, ErrorsAreClear) {
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);
@@ -419,6 +441,15 @@ TEST(Learners, StalenessOptionsAreChecked) {
   try {
     for (int round = 0; round < 10; ++round) group.round(data.images.data(), data.labels.data());
     group.settle();
+    FAIL() << "a diverging run must stop";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+  }
+  // The same error leaving fit() while learners are rounds behind: they finish before fit()'s
+  // batches and batcher are freed (the ASan preset would report a use after free otherwise).
+  LearnerGroup behind(models::mlp(), train, stale(4, 8));
+  try {
+    behind.fit(small_dataset(640, 3), nullptr, 1);
     FAIL() << "a diverging run must stop";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();

@@ -3,9 +3,11 @@
 // the step number; threads change nothing but speed.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -142,6 +144,82 @@ TEST(Trainer, RejectsBadOptions) {
   options.batch = 8;
   options.learning_rate = -1.0;
   EXPECT_THROW(Trainer(models::mlp(), options), Error);
+}
+
+// A small labelled set of random images, for fit() without the real data.
+Dataset synthetic(int64_t count, uint32_t seed) {
+  Dataset data;
+  data.count = count, data.rows = 28, data.cols = 28;
+  uint32_t state = seed;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  for (int64_t i = 0; i < count * 784; ++i) data.images.push_back(static_cast<float>(next() >> 8) / 16777216.0f);
+  for (int64_t i = 0; i < count; ++i) data.labels.push_back(static_cast<int32_t>(next() >> 28) % 10);
+  return data;
+}
+
+// --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
+// two coincide), with training time that leaves the evaluations out; the callback can stop it.
+TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
+  const Dataset train = synthetic(40, 3), test = synthetic(12, 4);
+  TrainOptions options;
+  options.batch = 4;  // 10 batches an epoch
+  options.eval_batch = 4;
+  options.epochs = 2;
+  options.eval_every = 3;
+  options.policy = "serial";
+  Trainer trainer(models::mlp(), options);
+  std::vector<Evaluation> seen;
+  trainer.on_evaluation([&](const Evaluation& e) {
+    seen.push_back(e);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a slow evaluation: not training time
+    return true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const TrainReport report = trainer.fit(train, &test);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<int64_t> batches;
+  for (const Evaluation& e : seen) batches.push_back(e.batches);
+  EXPECT_EQ(batches, (std::vector<int64_t>{3, 6, 9, 10, 12, 15, 18, 20}));
+  EXPECT_EQ(seen[3].epoch, 1);
+  EXPECT_EQ(seen[4].epoch, 2);
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i].seconds, seen[i - 1].seconds);
+  EXPECT_NEAR(seen.back().seconds, report.seconds, 1e-3);
+  EXPECT_LT(report.seconds, wall - 0.15) << "8 evaluations of at least 20 ms are not training time";
+  ASSERT_EQ(report.epochs.size(), 2u);
+  EXPECT_EQ(report.epochs[0].test_accuracy, seen[3].test_accuracy);
+  EXPECT_EQ(report.epochs[1].test_accuracy, seen.back().test_accuracy);
+  EXPECT_EQ(trainer.evaluate(test), seen.back().test_accuracy);
+
+  Trainer stopped(models::mlp(), options);
+  seen.clear();
+  stopped.on_evaluation([&](const Evaluation& e) {
+    seen.push_back(e);
+    return e.batches < 6;
+  });
+  const TrainReport part = stopped.fit(train, &test);
+  ASSERT_EQ(seen.size(), 2u) << "nothing is evaluated after the callback said stop";
+  EXPECT_EQ(part.steps, 6);
+  ASSERT_EQ(part.epochs.size(), 1u);
+  EXPECT_EQ(part.epochs[0].steps, 6);
+  EXPECT_EQ(part.epochs[0].test_accuracy, seen.back().test_accuracy);
+
+  options.eval_every = -1;
+  EXPECT_THROW(Trainer(models::mlp(), options), Error);
+}
+
+TEST(Trainer, EvaluateRejectsAnInconsistentDataset) {
+  TrainOptions options;
+  options.batch = 4;
+  options.eval_batch = 4;
+  Trainer trainer(models::mlp(), options);
+  Dataset data = synthetic(8, 1);
+  data.count = 9;  // one sample more than the arrays hold
+  try {
+    trainer.evaluate(data);
+    FAIL() << "a count beyond the arrays must be refused";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("inconsistent"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
