@@ -1,5 +1,5 @@
 // quiver-bench-gemm: the measurement behind Quiver's GEMM choice. For the GEMM shapes of the
-// bundled models (forward, input-gradient and weight-gradient products at batch 16, 64, 256) it
+// bundled models (forward and weight-gradient products at batch 16, 64, 256) it
 // times one thread of oneDNN's sgemm (what ops/gemm.cpp calls on each slice) against Eigen's
 // single-threaded matrix product, and prints GFLOP/s and the ratio. Median of several repeats.
 #include <Eigen/Core>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
@@ -30,7 +31,18 @@ double median_seconds(Fn fn, int repeats) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::puts("usage: quiver-bench-gemm\n"
+                "One thread of oneDNN's sgemm against Eigen's matrix product on the bundled models'\n"
+                "GEMM shapes at batch 16, 64 and 256: GFLOP/s and the ratio (a markdown table).\n"
+                "It takes no options.");
+      return 0;
+    }
+    std::fprintf(stderr, "quiver-bench-gemm: unknown option '%s' (it takes none; see --help)\n", argv[i]);
+    return 2;
+  }
   omp_set_num_threads(1);
   Eigen::setNbThreads(1);
   struct Case { const char* what; int m, n, k; };

@@ -73,7 +73,8 @@ BenchOptions parse(int argc, char** argv) {
     } else if (flag == "--runs") {
       o.runs = to_int(flag, value);
     } else if (flag == "--policy") {
-      parse_policy(value);
+      if (parse_policy(value) == Policy::Fixed)
+        throw Error("--policy fixed: not here (it needs --inter/--intra; quiver-bench-policies finds the best pair)");
       o.policy = value;
     } else if (flag == "--output") {
       o.output = value;
@@ -151,7 +152,7 @@ constexpr char kUsage[] =
     "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
     "  --batches LIST    batch sizes (default 16,64,256)\n"
     "  --threads LIST    thread counts (default 1,2)\n"
-    "  --policy P        executor policy: auto (default), serial, intra, fixed\n"
+    "  --policy P        executor policy: auto (default), serial, intra\n"
     "  --device D        cpu (default), cuda or cuda:N (one CUDA stream, CUDA graphs vs eager;\n"
     "                    no peer)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per run, runs (default 20, 100, 5)\n"

@@ -16,10 +16,11 @@
 //           shrunk to the free threads when starting now is predicted to finish sooner than
 //           waiting; while an op is the only one ready it may use as many threads as help it.
 //           The model cannot see interference between co-running ops (shared caches, memory
-//           bandwidth), so before settling, auto runs its schedule against two plain ones
-//           under the same scheduler, every op on all P threads (intra) and every op on one
-//           thread side by side, a few steps each, interleaved, and keeps the fastest (intra
-//           unless another is faster by more than 3%).
+//           bandwidth), so before settling, auto runs its schedule against three plain ones
+//           under the same scheduler, every op on all P threads (intra), every op on one
+//           thread side by side (narrow) and one op at a time on one thread (serial),
+//           interleaved, at least `trial_rounds` steps each and `trial_seconds` in all, and
+//           keeps the fastest (intra unless another is faster by more than 3%).
 #pragma once
 
 #include <memory>
