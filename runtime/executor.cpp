@@ -272,12 +272,12 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
   State& state = *state_;
   State::Lane& lane = *state.lanes[lane_index];
   const int position = lane.assigned, threads = lane.threads;
-  std::unique_ptr<ThreadBudget>& budget = lane.budgets[threads];
   const int64_t run_index = state.run_index;
   lock.unlock();
   double seconds = 0.0;
   std::exception_ptr error;
-  try {
+  try {  // everything that can throw on this lane's thread, the budget's creation included
+    std::unique_ptr<ThreadBudget>& budget = lane.budgets[threads];  // this lane's own: no lock needed
     if (!budget) budget = std::make_unique<ThreadBudget>(threads);
     if (options_.record_threads) budget->record_threads(true);
     const Clock::time_point start = Clock::now();
@@ -317,12 +317,20 @@ void Executor::dispatch(int preferred_lane) {
   State& state = *state_;
   std::vector<Running> launches;
   if (!state.first_error && !state.ready.empty()) choose(launches);
-  for (const Running& launch : launches) {
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const Running& launch = launches[i];
     State::Lane* lane = state.lanes[preferred_lane]->assigned < 0 ? state.lanes[preferred_lane].get() : nullptr;
     for (size_t l = 0; !lane && l < state.lanes.size(); ++l)
       if (state.lanes[l]->assigned < 0) lane = state.lanes[l].get();
     if (!lane) {  // cannot happen: every launch takes at least one of the threads the lanes match
       state.first_error = std::make_exception_ptr(Error("executor: no idle lane for a launch (a scheduler bug)"));
+      // The launches not started leave `running` (and give their threads back), so the step ends
+      // with the error once the started ones finish instead of waiting for them forever.
+      for (size_t u = i; u < launches.size(); ++u) {
+        state.running.erase(std::find_if(state.running.begin(), state.running.end(),
+                                         [&](const Running& r) { return r.position == launches[u].position; }));
+        if (!state.profiling) state.free_threads += launches[u].threads;
+      }
       return;
     }
     lane->assigned = launch.position;
