@@ -5,6 +5,21 @@
 
 namespace quiver {
 
+namespace {
+
+// A value's shape: every extent at least 1 and the element count within int64 (a negative or
+// zero extent would reach the allocator and the kernels as a huge or empty buffer).
+void check_extents(const Shape& shape, const std::string& what) {
+  int64_t count = 1;
+  for (int64_t extent : shape.dims()) {
+    if (extent < 1) throw Error(cat(what, " has shape ", shape.str(), ": every extent must be >= 1"));
+    if (__builtin_mul_overflow(count, extent, &count))
+      throw Error(cat(what, " has shape ", shape.str(), ": more elements than a tensor can hold"));
+  }
+}
+
+}  // namespace
+
 std::string GraphBuilder::scoped(const std::string& name) const {
   std::string full;
   for (const std::string& scope : scopes_) full += scope + "/";
@@ -13,6 +28,7 @@ std::string GraphBuilder::scoped(const std::string& name) const {
 
 Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dtype) {
   if (graph_.has_name(name)) throw Error(cat("input '", name, "' is defined twice"));
+  check_extents(shape, cat("input '", name, "'"));
   ValueInfo info;
   info.name = name;
   info.shape = shape;
@@ -24,7 +40,7 @@ Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dty
 Value GraphBuilder::parameter(const std::string& name, const Shape& shape, ParamInit init) {
   std::string full = scoped(name);
   if (graph_.has_name(full)) throw Error(cat("parameter '", full, "' is defined twice"));
-  if (shape.numel() <= 0) throw Error(cat("parameter '", full, "' has empty shape ", shape.str()));
+  check_extents(shape, cat("parameter '", full, "'"));
   ValueInfo info;
   info.name = full;
   info.shape = shape;
@@ -64,6 +80,8 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
     node.inputs.push_back(input.id);
   }
   std::vector<TensorType> outputs = def.infer(infer);
+  for (size_t i = 0; i < outputs.size(); ++i)  // e.g. a reshape to (-2, -3), which keeps the element count
+    check_extents(outputs[i].shape, cat(op, " '", node.name, "': output ", i));
   std::vector<Value> results;
   for (size_t i = 0; i < outputs.size(); ++i) {
     ValueInfo info;

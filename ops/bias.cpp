@@ -25,6 +25,8 @@ std::vector<TensorType> infer_bias_add(const InferContext& ctx) {
   expect_inputs(ctx, 2);
   if (ctx.shape(0).rank() < 2) ctx.fail("input must have rank >= 2 (B, C, ...)");
   expect_rank(ctx, 1, 1);
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::F32);
   if (ctx.shape(1)[0] != ctx.shape(0)[1])
     ctx.fail(cat("bias ", ctx.shape(1).str(), " does not match axis 1 of input ", ctx.shape(0).str()));
   return {{ctx.shape(0), DType::F32}};
@@ -33,6 +35,7 @@ std::vector<TensorType> infer_bias_add(const InferContext& ctx) {
 std::vector<TensorType> infer_bias_grad(const InferContext& ctx) {
   expect_inputs(ctx, 1);
   if (ctx.shape(0).rank() < 2) ctx.fail("input must have rank >= 2 (B, C, ...)");
+  expect_dtype(ctx, 0, DType::F32);
   return {{Shape{ctx.shape(0)[1]}, DType::F32}};
 }
 

@@ -80,26 +80,41 @@ ConvGeometry geometry_of(const KernelSpec& spec, const Shape& x, const Shape& w)
   return conv_geometry(x, w, spec.node.attrs.get_int("stride", 1), spec.node.attrs.get_int("padding", 0));
 }
 
-std::vector<TensorType> infer(const InferContext& ctx) {
-  expect_inputs(ctx, 2);
-  expect_rank(ctx, 0, 4);
-  expect_rank(ctx, 1, 4);
-  const Shape& x = ctx.shape(0);
-  const Shape& w = ctx.shape(1);
+// The output of a convolution of input x (B, C, H, W) with weight w (O, C, KH, KW) under the
+// node's stride and padding; fails naming both shapes where they do not fit.
+Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w) {
+  if (x.rank() != 4 || w.rank() != 4) ctx.fail(cat("input ", x.str(), " and weight ", w.str(), " must have rank 4"));
   int64_t stride = ctx.node.attrs.get_int("stride", 1), padding = ctx.node.attrs.get_int("padding", 0);
   if (stride < 1 || padding < 0) ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
   if (w[1] != x[1])
     ctx.fail(cat("input ", x.str(), " has ", x[1], " channels but weight ", w.str(), " expects ", w[1]));
   if (w[2] < 1 || w[3] < 1) ctx.fail(cat("kernel ", w[2], "x", w[3], " is empty"));
-  ConvGeometry g = conv_geometry(x, w, stride, padding);
-  if (g.out_h < 1 || g.out_w < 1)
+  // Checked before dividing: C++ division truncates toward zero, so (2 - 3) / 2 + 1 would be 1.
+  if (x[2] + 2 * padding < w[2] || x[3] + 2 * padding < w[3])
     ctx.fail(cat("kernel ", w[2], "x", w[3], " does not fit input ", x.str(), " with padding ", padding));
-  return {{Shape{g.batch, g.out_channels, g.out_h, g.out_w}, DType::F32}};
+  ConvGeometry g = conv_geometry(x, w, stride, padding);
+  return Shape{g.batch, g.out_channels, g.out_h, g.out_w};
 }
 
+std::vector<TensorType> infer(const InferContext& ctx) {
+  expect_inputs(ctx, 2);
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::F32);
+  return {{conv_output(ctx, ctx.shape(0), ctx.shape(1)), DType::F32}};
+}
+
+// conv2d_grad_input (dy, w; "shape" = x's) and conv2d_grad_weight (dy, x; "shape" = w's): dy must
+// be what the forward convolution of those shapes produces.
 std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_inputs(ctx, 2);
-  return {{Shape(ctx.node.attrs.get_ints("shape")), DType::F32}};
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::F32);
+  const Shape full(ctx.node.attrs.get_ints("shape"));
+  const bool of_input = ctx.node.op == "conv2d_grad_input";
+  const Shape expected = of_input ? conv_output(ctx, full, ctx.shape(1)) : conv_output(ctx, ctx.shape(1), full);
+  if (ctx.shape(0) != expected)
+    ctx.fail(cat("gradient ", ctx.shape(0).str(), " does not match the convolution's output ", expected.str()));
+  return {{full, DType::F32}};
 }
 
 KernelFn prepare_forward(const KernelSpec& spec) {

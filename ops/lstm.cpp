@@ -24,6 +24,7 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   expect_rank(ctx, 1, 2);
   expect_rank(ctx, 2, 2);
   expect_rank(ctx, 3, 1);
+  for (int i = 0; i < 4; ++i) expect_dtype(ctx, i, DType::F32);
   const Shape &x = ctx.shape(0), &wx = ctx.shape(1), &wh = ctx.shape(2), &b = ctx.shape(3);
   int64_t hidden = wh[0];
   if (wh[1] != 4 * hidden) ctx.fail(cat("wh ", wh.str(), " must be (H, 4H)"));
@@ -33,8 +34,21 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   return {{Shape{x[0], x[1], hidden}, DType::F32}, {Shape{x[1], x[0], 5 * hidden}, DType::F32}};
 }
 
+// lstm_grad (dy, x, wx, wh, y, cache): the forward op's shapes, checked before the kernel trusts them.
 std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_inputs(ctx, 6);
+  expect_rank(ctx, 1, 3);
+  expect_rank(ctx, 2, 2);
+  expect_rank(ctx, 3, 2);
+  for (int i = 0; i < 6; ++i) expect_dtype(ctx, i, DType::F32);
+  const Shape &x = ctx.shape(1), &wx = ctx.shape(2), &wh = ctx.shape(3);
+  const int64_t hidden = wh[0];
+  if (wh[1] != 4 * hidden || wx[0] != x[2] || wx[1] != 4 * hidden)
+    ctx.fail(cat("weights wx ", wx.str(), " and wh ", wh.str(), " do not fit input ", x.str()));
+  const Shape y{x[0], x[1], hidden}, cache{x[1], x[0], 5 * hidden};
+  if (ctx.shape(0) != y || ctx.shape(4) != y || ctx.shape(5) != cache)
+    ctx.fail(cat("dy ", ctx.shape(0).str(), ", y ", ctx.shape(4).str(), " and cache ", ctx.shape(5).str(),
+                 " must be ", y.str(), ", ", y.str(), " and ", cache.str()));
   return {{ctx.shape(1), DType::F32}, {ctx.shape(2), DType::F32}, {ctx.shape(3), DType::F32},
           {Shape{ctx.shape(3)[1]}, DType::F32}};
 }

@@ -23,6 +23,8 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   expect_inputs(ctx, 2);
   expect_rank(ctx, 0, 2);
   expect_rank(ctx, 1, 2);
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::F32);
   const Shape& a = ctx.shape(0);
   const Shape& b = ctx.shape(1);
   GemmShape s = gemm_shape(a, b, ctx.node.attrs);

@@ -21,21 +21,34 @@ PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs) {
 
 namespace {
 
-std::vector<TensorType> infer(const InferContext& ctx) {
-  expect_inputs(ctx, 1);
-  expect_rank(ctx, 0, 4);
-  const Shape& x = ctx.shape(0);
+// The pooled shape of x under the node's kernel and stride; fails where they do not fit.
+Shape pooled(const InferContext& ctx, const Shape& x) {
+  if (x.rank() != 4) ctx.fail(cat("input ", x.str(), " must have rank 4"));
   int64_t kernel = ctx.node.attrs.get_int("kernel"), stride = ctx.node.attrs.get_int("stride", kernel);
   if (kernel < 1 || stride < 1 || kernel > x[2] || kernel > x[3])
     ctx.fail(cat("kernel ", kernel, " / stride ", stride, " invalid for ", x.str()));
   PoolGeometry g = pool_geometry(x, ctx.node.attrs);
-  Shape out{x[0], x[1], g.out_h, g.out_w};
+  return Shape{x[0], x[1], g.out_h, g.out_w};
+}
+
+std::vector<TensorType> infer(const InferContext& ctx) {
+  expect_inputs(ctx, 1);
+  expect_dtype(ctx, 0, DType::F32);
+  const Shape out = pooled(ctx, ctx.shape(0));
   return {{out, DType::F32}, {out, DType::I32}};
 }
 
+// max_pool2d_grad (dy, argmax; "shape" = x's): both must be the pooled shape of x.
 std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_inputs(ctx, 2);
-  return {{Shape(ctx.node.attrs.get_ints("shape")), DType::F32}};
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::I32);
+  const Shape full(ctx.node.attrs.get_ints("shape"));
+  const Shape out = pooled(ctx, full);
+  if (ctx.shape(0) != out || ctx.shape(1) != out)
+    ctx.fail(cat("gradient ", ctx.shape(0).str(), " and argmax ", ctx.shape(1).str(), " must both be ", out.str(),
+                 ", the pooled shape of ", full.str()));
+  return {{full, DType::F32}};
 }
 
 KernelFn prepare_forward(const KernelSpec& spec) {

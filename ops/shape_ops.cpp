@@ -52,6 +52,9 @@ std::vector<TensorType> infer_select_step_grad(const InferContext& ctx) {
   Shape full(ctx.node.attrs.get_ints("shape"));
   if (full.rank() != 3 || ctx.shape(0) != Shape{full[0], full[2]})
     ctx.fail(cat("gradient ", ctx.shape(0).str(), " does not fit sequence ", full.str()));
+  const int64_t step = resolve_step(full, ctx.node.attrs.get_int("step"));
+  if (step < 0 || step >= full[1])
+    ctx.fail(cat("step ", ctx.node.attrs.get_int("step"), " is outside 0..", full[1] - 1));
   return {{full, DType::F32}};
 }
 

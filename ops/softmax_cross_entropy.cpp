@@ -13,6 +13,7 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   expect_inputs(ctx, 2);
   expect_rank(ctx, 0, 2);
   expect_rank(ctx, 1, 1);
+  expect_dtype(ctx, 0, DType::F32);
   expect_dtype(ctx, 1, DType::I32);
   if (ctx.shape(1)[0] != ctx.shape(0)[0])
     ctx.fail(cat("logits ", ctx.shape(0).str(), " vs labels ", ctx.shape(1).str(),
@@ -20,8 +21,17 @@ std::vector<TensorType> infer(const InferContext& ctx) {
   return {{Shape{}, DType::F32}, {ctx.shape(0), DType::F32}};
 }
 
+// softmax_cross_entropy_grad (dloss, probs, labels).
 std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_inputs(ctx, 3);
+  expect_rank(ctx, 1, 2);
+  expect_rank(ctx, 2, 1);
+  expect_dtype(ctx, 0, DType::F32);
+  expect_dtype(ctx, 1, DType::F32);
+  expect_dtype(ctx, 2, DType::I32);
+  if (ctx.shape(0).numel() != 1) ctx.fail(cat("loss gradient ", ctx.shape(0).str(), " must be a scalar"));
+  if (ctx.shape(2)[0] != ctx.shape(1)[0])
+    ctx.fail(cat("probabilities ", ctx.shape(1).str(), " vs labels ", ctx.shape(2).str(), ": batch sizes differ"));
   return {{ctx.shape(1), DType::F32}};
 }
 

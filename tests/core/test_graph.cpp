@@ -55,6 +55,73 @@ TEST(Builder, OtherMalformedGraphsAreRejected) {
   EXPECT_THROW(build_backward(b, loss_like), Error);             // not a scalar
 }
 
+// Extents below 1 never reach a plan (whose allocation would be handed a negative size), and an
+// op's output is checked the same way, naming the op and the node.
+TEST(Builder, ShapesNeedExtentsOfAtLeastOne) {
+  GraphBuilder b;
+  std::string message = error_of([&] { b.input("x", Shape{-1, 784}); });
+  EXPECT_NE(message.find("input 'x'"), std::string::npos) << message;
+  EXPECT_NE(message.find("[-1,784]"), std::string::npos) << message;
+  EXPECT_THROW(b.input("empty", Shape{0, 3}), Error);
+  EXPECT_THROW(b.input("huge", Shape{int64_t{1} << 32, int64_t{1} << 32}), Error);  // 2^64 elements
+  EXPECT_THROW(b.parameter("w", Shape{-3, -5}, ParamInit::zeros()), Error);
+  Value x = b.input("y", Shape{2, 3});
+  message = error_of([&] { b.reshape(x, Shape{-2, -3}, "flip"); });  // same element count
+  EXPECT_NE(message.find("reshape 'flip'"), std::string::npos) << message;
+}
+
+// A kernel larger than the padded input is refused before C++ division could round the output
+// size up to 1 ((2 - 3) / 2 + 1 == 1).
+TEST(Builder, ConvKernelLargerThanThePaddedInputIsRefused) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{1, 1, 2, 2});
+  Value w = b.parameter("w", Shape{1, 1, 3, 3}, ParamInit::zeros());
+  Conv2dAttrs attrs;
+  attrs.stride = 2;
+  std::string message = error_of([&] { b.conv2d(x, w, attrs, "tiny"); });
+  EXPECT_NE(message.find("does not fit"), std::string::npos) << message;
+  attrs.padding = 1;
+  EXPECT_NO_THROW(b.conv2d(x, w, attrs, "padded"));  // 4x4 padded input: fits
+}
+
+// Ops take float32 where their kernels read floats, and gradient ops check the shapes they are
+// given against their attributes (they are reachable through apply()).
+TEST(Builder, DtypesAndGradientOpShapesAreChecked) {
+  GraphBuilder b;
+  Value labels = b.input("labels", Shape{4, 1}, DType::I32);
+  Value w = b.parameter("w", Shape{1, 10}, ParamInit::zeros());
+  std::string message = error_of([&] { b.matmul(labels, w, false, false, "int_matmul"); });
+  EXPECT_NE(message.find("int_matmul"), std::string::npos) << message;
+  EXPECT_NE(message.find("i32"), std::string::npos) << message;
+
+  Value dy = b.input("dy", Shape{2, 4});
+  Attrs step;
+  step.set("step", int64_t{10});
+  step.set("shape", std::vector<int64_t>{2, 3, 4});
+  message = error_of([&] { b.apply1("select_step_grad", {dy}, step, "far"); });
+  EXPECT_NE(message.find("step 10"), std::string::npos) << message;
+
+  Value pooled_dy = b.input("pooled_dy", Shape{1, 1, 3, 3});
+  Value argmax = b.input("argmax", Shape{1, 1, 3, 3}, DType::I32);
+  Attrs pool;
+  pool.set("kernel", int64_t{2});
+  pool.set("shape", std::vector<int64_t>{1, 1, 4, 4});  // pools to 2x2, not 3x3
+  message = error_of([&] { b.apply1("max_pool2d_grad", {pooled_dy, argmax}, pool, "pool_grad"); });
+  EXPECT_NE(message.find("[1,1,2,2]"), std::string::npos) << message;
+
+  Value conv_dy = b.input("conv_dy", Shape{1, 4, 5, 5});
+  Value kernel = b.parameter("k", Shape{4, 1, 3, 3}, ParamInit::zeros());
+  Attrs conv;
+  conv.set("shape", std::vector<int64_t>{1, 1, 8, 8});  // a 3x3 kernel makes 6x6, not 5x5
+  message = error_of([&] { b.apply1("conv2d_grad_input", {conv_dy, kernel}, conv, "conv_grad"); });
+  EXPECT_NE(message.find("[1,4,6,6]"), std::string::npos) << message;
+
+  Value probs = b.input("probs", Shape{4, 10});
+  Value few = b.input("few_labels", Shape{3}, DType::I32);
+  Value dloss = b.input("dloss", Shape{});
+  EXPECT_THROW(b.apply1("softmax_cross_entropy_grad", {dloss, probs, few}), Error);
+}
+
 TEST(Autodiff, GradientsOfValuesReadTwiceAreSummed) {
   // loss = sum((w * w) * R): d/dw = 2 w R, built from two contributions of w.
   GraphBuilder b;
