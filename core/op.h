@@ -24,7 +24,7 @@ class ExecContext {
  public:
   virtual ~ExecContext() = default;
   virtual int threads() const = 0;
-  // Calls body(begin, end) over disjoint chunks of [0, count); chunks hold at least `grain` items.
+  // Calls body(begin, end) over disjoint chunks of [0, count); chunks hold at most `grain` items.
   virtual void parallel_for(int64_t count, int64_t grain,
                             const std::function<void(int64_t, int64_t)>& body) const = 0;
 };

@@ -117,6 +117,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
     if (i + 1 >= args.size()) throw Error(cat(flag, ": missing value"));
     const std::string& value = args[++i];
+    if (value.rfind("--", 0) == 0)  // `--data --quiet`: the value was forgotten
+      throw Error(cat(flag, ": missing value (got the option '", value, "'; write ./", value,
+                      " for a path that starts with --)"));
     if (flag == "--model") {
       bool known = false;
       for (const std::string& name : models::names()) known = known || name == value;

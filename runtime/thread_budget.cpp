@@ -10,6 +10,7 @@
 #ifdef QUIVER_OWN_THREAD_POOL
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #else
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -59,13 +60,24 @@ struct ThreadBudget::Arena {
     std::unique_lock<std::mutex> lock(mutex);
     done.wait(lock, [this] { return busy == 0; });
     job = nullptr;
+    if (error) {  // the first chunk's exception, once every worker has let go of the job (as TBB does)
+      std::exception_ptr first = error;
+      error = nullptr;
+      std::rethrow_exception(first);
+    }
   }
 
  private:
   void take_chunks() {
     inside_job = true;
-    for (int64_t begin = next.fetch_add(job_grain); begin < job_count; begin = next.fetch_add(job_grain))
-      (*job)(begin, std::min(job_count, begin + job_grain));
+    try {
+      for (int64_t begin = next.fetch_add(job_grain); begin < job_count; begin = next.fetch_add(job_grain))
+        (*job)(begin, std::min(job_count, begin + job_grain));
+    } catch (...) {
+      next.store(job_count);  // no more chunks for anyone
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+    }
     inside_job = false;
   }
   void work() {
@@ -96,6 +108,7 @@ struct ThreadBudget::Arena {
   std::atomic<int64_t> next{0};
   int busy = 0;
   bool stopping = false;
+  std::exception_ptr error;  // the first exception a chunk threw in the current job
 };
 thread_local bool ThreadBudget::Arena::inside_job = false;
 #else

@@ -69,6 +69,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--epochs", "-1"}, "--epochs"}, BadFlag{{"--threads", "0"}, "--threads"},
                       BadFlag{{"--lr", "-0.1"}, "--lr"}, BadFlag{{"--lr", "nan"}, "--lr"},
                       BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"}, BadFlag{{"--eval-every", "-1"}, "--eval-every"},
+                      BadFlag{{"--data", "--quiet"}, "--data"},
                       BadFlag{{"--learners", "2", "--explain"}, "--explain"},
                       BadFlag{{"--learners", "auto", "--trace", "t.json"}, "--trace"},
                       BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},

@@ -6,6 +6,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <condition_variable>
@@ -190,6 +191,24 @@ TEST(ThreadBudget, UsesTheThreadsItGrants) {
     });
     EXPECT_EQ(static_cast<int>(seen.size()), k);
     EXPECT_EQ(static_cast<int>(budget.recorded_threads().size()), k);
+  }
+}
+
+// A body that throws (on whichever thread runs that chunk) reaches the caller once the others
+// have let go, and the budget stays usable: in the TBB build and in the TSAN build's own pool.
+TEST(ThreadBudget, AThrowingBodyReachesTheCallerAndTheBudgetLivesOn) {
+  ThreadBudget budget(2);
+  for (int round = 0; round < 20; ++round) {
+    EXPECT_THROW(budget.parallel_for(64, 1,
+                                     [&](int64_t begin, int64_t) {
+                                       if (begin == (round * 7) % 64) throw Error("chunk failed");
+                                     }),
+                 Error);
+    std::atomic<int64_t> sum{0};
+    budget.parallel_for(1000, 10, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) sum += i;
+    });
+    EXPECT_EQ(sum.load(), 999 * 1000 / 2);
   }
 }
 
