@@ -385,6 +385,13 @@ void Executor::run() {
   state.finished = 0;
   state.profiling = options_.policy == Policy::Auto && !profiled_;
   state.profile_threads = state.profiling ? profile_schedule_[profile_run_] : 0;
+  if (options_.policy == Policy::Auto && tuned_ && trials_done_ > 0 && options_.retrial_seconds > 0.0 &&
+      settled_seconds_ >= options_.retrial_seconds) {
+    tuned_ = false;  // the candidates again, from scratch: the host may have changed since
+    trial_run_ = 0;
+    trial_time_ = 0.0;
+    for (std::vector<double>& times : trial_seconds_) times.clear();
+  }
   const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
   if (trial) use_schedule(static_cast<int>(trial_run_ % kCandidates));  // candidates interleaved
   state.free_threads = options_.policy == Policy::Auto && profiled_ ? width_ : capacity_;
@@ -399,6 +406,8 @@ void Executor::run() {
       state.lanes[0]->wake.wait(lock, [&] { return state.done() || state.lanes[0]->assigned >= 0; });
   }
   if (state.first_error) std::rethrow_exception(state.first_error);
+  if (options_.policy == Policy::Auto && tuned_ && trials_done_ > 0)
+    settled_seconds_ += std::chrono::duration<double>(Clock::now() - state.start).count();
   if (state.profiling && ++profile_run_ == profile_schedule_.size()) {
     lock.unlock();
     finish_profiling();
@@ -419,6 +428,9 @@ void Executor::run() {
           chosen_ = c;
       use_schedule(chosen_);
       tuned_ = true;
+      ++trials_done_;
+      settled_seconds_ = 0.0;
+      chosen_trial_seconds_ = trial_seconds_;
     }
   }
 }
@@ -438,17 +450,19 @@ std::vector<double> Executor::schedule_errors() const {
 std::string Executor::explain() const {
   std::string text = cat("policy ", name_of(options_.policy), ", ", capacity_, " threads, ", lanes(), " lanes\n");
   if (options_.policy != Policy::Auto) return text + "(grants and predictions come from the auto policy's model)\n";
-  if (!tuned_) return text + cat("still tuning: ", tuning_runs_left(), " steps to go\n");
+  if (!tuned_ && trials_done_ == 0) return text + cat("still tuning: ", tuning_runs_left(), " steps to go\n");
   text += loaded_from_cache_ ? cat("profiles from the cache '", options_.profile_cache, "'\n")
                              : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
                                    " samples per op and thread count after ", options_.profile_warmup, " warm-up steps)\n");
   char line[512];
   if (candidate_grants_.size() > 1) {
-    text += cat("schedule: ", candidate_names_[chosen_], " (median step time over ", trial_run_ / kCandidates,
-                " trial steps each:");
+    text += cat("schedule: ", candidate_names_[chosen_], " (trial ", trials_done_, ", median step time over ",
+                chosen_trial_seconds_[0].size(), " trial steps each:");
     for (size_t c = 0; c < candidate_grants_.size(); ++c)
-      text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(trial_seconds_[c])) / 100.0, " ms");
-    text += ")\n";
+      text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(chosen_trial_seconds_[c])) / 100.0,
+                  " ms");
+    text += options_.retrial_seconds > 0.0 ? cat("; tried again every ", options_.retrial_seconds, " s)\n") : ")\n";
+    if (!tuned_) text += "(a new trial is under way: the grants below are its current candidate's)\n";
   }
   std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %5s %10s %10s %10s %11s\n", "op", "node", "kernel", "grant",
                 "T(1) ms", "pred ms", "meas ms", "bottom ms");

@@ -52,6 +52,11 @@ struct ExecutorOptions {
   int trial_rounds = 5;          // steps per candidate schedule when choosing among them, at least,
   double trial_seconds = 0.25;   // ...and more rounds until the trial has lasted this long: a choice
                                  // between sub-millisecond steps needs more than 5 samples each
+  // Try the candidates again after this many seconds of steps on the chosen schedule (time in
+  // run(), not wall time: an executor left idle does not retry on waking; 0: never). A shared
+  // host's speed comes in phases (another tenant takes a core for a while): a choice made in one
+  // phase can cost for the rest of a run in the next. A trial costs a few slower steps a period.
+  double retrial_seconds = 10.0;
   std::string profile_cache;     // load profiles from / save them to this file; "" for none
 };
 
@@ -76,6 +81,8 @@ class Executor {
   int tuning_runs_left() const;
   // auto: the schedule it settled on ("model", "intra", "narrow" or "serial").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
+  // auto: trials of the candidate schedules completed so far (one, then one per retrial period).
+  int trials_done() const { return trials_done_; }
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
   const std::vector<int>& grants() const { return grants_; }         // per step position
@@ -142,6 +149,9 @@ class Executor {
   double trial_time_ = 0.0;  // seconds of trial steps so far
   int chosen_ = 0;
   bool tuned_ = false;
+  int trials_done_ = 0;
+  double settled_seconds_ = 0.0;  // time spent in run() on the chosen schedule since the last trial
+  std::vector<std::vector<double>> chosen_trial_seconds_;  // the step times the last choice was made on
   bool loaded_from_cache_ = false;
   std::unique_ptr<State> state_;
 };

@@ -153,6 +153,42 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   std::filesystem::remove(path);
 }
 
+// auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
+// shared host's speed changes in phases); with 0 it never does.
+TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
+  TrainOptions train;
+  train.batch = 8;
+  train.eval_batch = 8;
+  train.policy = "";
+  Trainer trainer(models::mlp(), train);
+  ExecutorOptions options;
+  options.policy = Policy::Auto;
+  options.threads = 2;
+  options.profile_samples = 2;
+  options.trial_seconds = 0.0;     // 5 steps of each candidate
+  options.retrial_seconds = 1e-9;  // due again as soon as a trial has chosen
+  Executor again(trainer.train_plan(), options);
+  for (int step = 0; step < 1000 && again.trials_done() < 3; ++step) again.run();
+  EXPECT_EQ(again.trials_done(), 3);
+  EXPECT_TRUE(again.tuned());
+  EXPECT_NE(again.explain().find("(trial 3,"), std::string::npos) << again.explain();
+  again.run();  // a step on the chosen schedule: the period (counted in steps' time) has passed
+  EXPECT_TRUE(again.tuned());
+  again.run();  // so a fourth trial starts
+  EXPECT_FALSE(again.tuned());
+  EXPECT_GT(again.tuning_runs_left(), 0);
+  EXPECT_NE(again.explain().find("a new trial is under way"), std::string::npos) << again.explain();
+
+  options.retrial_seconds = 0.0;
+  Executor once(trainer.train_plan(), options);
+  while (!once.tuned()) once.run();
+  for (int step = 0; step < 100; ++step) {
+    once.run();
+    ASSERT_TRUE(once.tuned()) << "step " << step;
+  }
+  EXPECT_EQ(once.trials_done(), 1);
+}
+
 // The first run profiles and writes the cache; the second run of the same model reads it and
 // starts scheduling at once; a corrupt cache means profiling again, with a warning, then a good
 // cache written over it.
