@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -153,21 +154,32 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   std::filesystem::remove(path);
 }
 
-// auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
-// shared host's speed changes in phases); with 0 it never does.
-TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
+// An MLP at batch 8 whose plan the executors under test run (the trainer runs no executor of its
+// own), and auto's options for it: 2 threads, 2 samples per op and thread count.
+std::unique_ptr<Trainer> small_mlp() {
   TrainOptions train;
   train.batch = 8;
   train.eval_batch = 8;
   train.policy = "";
-  Trainer trainer(models::mlp(), train);
+  return std::make_unique<Trainer>(models::mlp(), train);
+}
+
+ExecutorOptions quick_auto() {
   ExecutorOptions options;
   options.policy = Policy::Auto;
   options.threads = 2;
   options.profile_samples = 2;
+  return options;
+}
+
+// auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
+// shared host's speed changes in phases); with 0 it never does.
+TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
   options.trial_seconds = 0.0;     // 5 steps of each candidate
   options.retrial_seconds = 1e-9;  // due again as soon as a trial has chosen
-  Executor again(trainer.train_plan(), options);
+  Executor again(trainer->train_plan(), options);
   for (int step = 0; step < 1000 && again.trials_done() < 3; ++step) again.run();
   EXPECT_EQ(again.trials_done(), 3);
   EXPECT_TRUE(again.tuned());
@@ -180,7 +192,7 @@ TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
   EXPECT_NE(again.explain().find("a new trial is under way"), std::string::npos) << again.explain();
 
   options.retrial_seconds = 0.0;
-  Executor once(trainer.train_plan(), options);
+  Executor once(trainer->train_plan(), options);
   while (!once.tuned()) once.run();
   for (int step = 0; step < 100; ++step) {
     once.run();
@@ -195,18 +207,11 @@ TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
 TEST(PerfModel, SecondRunSkipsProfiling) {
   const std::string path = temp_path("executor_cache.json");
   std::filesystem::remove(path);
-  TrainOptions train;
-  train.batch = 8;
-  train.eval_batch = 8;
-  train.policy = "";
-  Trainer trainer(models::mlp(), train);
-  ExecutorOptions options;
-  options.policy = Policy::Auto;
-  options.threads = 2;
-  options.profile_samples = 2;
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
   options.profile_cache = path;
   {
-    Executor first(trainer.train_plan(), options);
+    Executor first(trainer->train_plan(), options);
     EXPECT_FALSE(first.profiled());
     // Warm-up, 2 samples at 1 and at 2 threads, then 5 trial steps of each of 4 candidate schedules.
     EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 4 * 5);
@@ -226,7 +231,7 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
     EXPECT_TRUE(std::filesystem::exists(path));
   }
   {
-    Executor second(trainer.train_plan(), options);
+    Executor second(trainer->train_plan(), options);
     EXPECT_TRUE(second.profiled());
     EXPECT_TRUE(second.loaded_from_cache());
     EXPECT_EQ(second.tuning_runs_left(), 4 * 5);  // no profiling, only the trials
@@ -242,7 +247,7 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   std::ofstream(path, std::ios::trunc) << "{ truncated";
   {
     CapturedWarnings warnings;
-    Executor third(trainer.train_plan(), options);
+    Executor third(trainer->train_plan(), options);
     EXPECT_FALSE(third.profiled());
     ASSERT_EQ(warnings.messages.size(), 1u);
     while (!third.profiled()) third.run();
