@@ -155,6 +155,9 @@ int main(int argc, char** argv) {
               if (i < o.warmup || group->executor_tuning_runs_left() > 0)
                 group->round(data.images_of(i), data.labels_of(i));
         }
+        if (const Executor* executor = single.executor(); executor && executor->policy() == Policy::Auto)
+          std::printf("# %s, batch %lld: the single-stream executor chose the %s schedule\n", model.c_str(),
+                      static_cast<long long>(batch), executor->chosen_schedule().c_str());
         // Steps per second over a window of at least `steps` steps and `window` seconds. It ends
         // when every learner has finished its rounds (settle): with a staleness bound a round
         // returns before the learners behind have run it.
