@@ -39,6 +39,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMeasurementsKept = 32;
 constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
+constexpr size_t kTrialBlocks = 3;  // a trial: at most 3 blocks, until two agree
 
 }  // namespace
 
@@ -162,7 +163,8 @@ int Executor::tuning_runs_left() const {
   if (capacity_ == 1) return static_cast<int>(profiling);
   const size_t trials = kCandidates * static_cast<size_t>(options_.trial_rounds);
   const size_t trials_left = std::max(trials - std::min(trial_run_, trials), kCandidates - trial_run_ % kCandidates);
-  return static_cast<int>(profiling + trials_left);
+  const size_t blocks_after = verdicts_.empty() ? 1 : 0;  // at least two blocks of trial steps
+  return static_cast<int>(profiling + trials_left + blocks_after * trials);
 }
 
 void Executor::use_grants(const std::vector<int>& grants) {
@@ -418,21 +420,43 @@ void Executor::run() {
     if (trial_run_ % kCandidates == 0 && trial_run_ >= kCandidates * static_cast<size_t>(options_.trial_rounds) &&
         trial_time_ >= options_.trial_seconds) {
       // intra is the baseline to beat: another schedule must be faster by a margin larger
-      // than the trial's noise, or auto stays with intra.
+      // than the trial's noise, or this block's verdict is intra.
       constexpr int kIntra = 1;
       constexpr double kMargin = 0.03;
-      chosen_ = kIntra;
+      int verdict = kIntra;
       for (int c = 0; c < static_cast<int>(candidate_grants_.size()); ++c)
         if (c != kIntra && median_of(trial_seconds_[c]) < (1.0 - kMargin) * median_of(trial_seconds_[kIntra]) &&
-            median_of(trial_seconds_[c]) < median_of(trial_seconds_[chosen_]))
-          chosen_ = c;
-      use_schedule(chosen_);
-      tuned_ = true;
-      ++trials_done_;
-      settled_seconds_ = 0.0;
-      chosen_trial_seconds_ = trial_seconds_;
+            median_of(trial_seconds_[c]) < median_of(trial_seconds_[verdict]))
+          verdict = c;
+      verdicts_.push_back(verdict);
+      // A choice takes two blocks that agree (a slow phase of a shared host lasts long enough to
+      // decide one block on its own): blocks 1 and 2, or block 3 with one of them; else intra.
+      const size_t blocks = verdicts_.size();
+      int agreed = -1;
+      for (size_t b = 0; b + 1 < blocks; ++b)
+        if (verdicts_[b] == verdict) agreed = verdict;
+      if (agreed >= 0 || blocks == kTrialBlocks) {
+        chosen_ = agreed >= 0 ? agreed : kIntra;
+        use_schedule(chosen_);
+        tuned_ = true;
+        ++trials_done_;
+        settled_seconds_ = 0.0;
+        chosen_trial_seconds_ = trial_seconds_;
+        chosen_verdicts_ = verdicts_;
+        verdicts_.clear();
+      } else {
+        trial_run_ = 0;  // another block
+        trial_time_ = 0.0;
+        for (std::vector<double>& times : trial_seconds_) times.clear();
+      }
     }
   }
+}
+
+std::vector<std::string> Executor::trial_verdicts() const {
+  std::vector<std::string> names;
+  for (int v : chosen_verdicts_) names.push_back(candidate_names_.at(v));
+  return names;
 }
 
 std::vector<double> Executor::schedule_errors() const {
@@ -456,8 +480,10 @@ std::string Executor::explain() const {
                                    " samples per op and thread count after ", options_.profile_warmup, " warm-up steps)\n");
   char line[512];
   if (candidate_grants_.size() > 1) {
-    text += cat("schedule: ", candidate_names_[chosen_], " (trial ", trials_done_, ", median step time over ",
-                chosen_trial_seconds_[0].size(), " trial steps each:");
+    std::string verdicts;
+    for (int v : chosen_verdicts_) verdicts += cat(verdicts.empty() ? "" : ", ", candidate_names_[v]);
+    text += cat("schedule: ", candidate_names_[chosen_], " (trial ", trials_done_, ", its blocks chose ", verdicts,
+                "; in the last block, median step time over ", chosen_trial_seconds_[0].size(), " steps each:");
     for (size_t c = 0; c < candidate_grants_.size(); ++c)
       text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(chosen_trial_seconds_[c])) / 100.0,
                   " ms");

@@ -19,8 +19,10 @@
 //           bandwidth), so before settling, auto runs its schedule against three plain ones
 //           under the same scheduler, every op on all P threads (intra), every op on one
 //           thread side by side (narrow) and one op at a time on one thread (serial),
-//           interleaved, at least `trial_rounds` steps each and `trial_seconds` in all, and
-//           keeps the fastest (intra unless another is faster by more than 3%).
+//           interleaved, in blocks of at least `trial_rounds` steps each and `trial_seconds`;
+//           each block names the fastest (intra unless another is faster by more than 3%),
+//           and auto keeps what two blocks agree on (else intra). It tries again after
+//           `retrial_seconds` of steps.
 #pragma once
 
 #include <memory>
@@ -82,7 +84,11 @@ class Executor {
   // auto: the schedule it settled on ("model", "intra", "narrow" or "serial").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
   // auto: trials of the candidate schedules completed so far (one, then one per retrial period).
+  // A trial is two or three blocks of interleaved steps (each at least trial_rounds steps per
+  // candidate and trial_seconds): it chooses what two blocks agree on, else intra.
   int trials_done() const { return trials_done_; }
+  // The last completed trial's blocks: the schedule each found fastest, in order.
+  std::vector<std::string> trial_verdicts() const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
   const std::vector<int>& grants() const { return grants_; }         // per step position
@@ -151,7 +157,9 @@ class Executor {
   bool tuned_ = false;
   int trials_done_ = 0;
   double settled_seconds_ = 0.0;  // time spent in run() on the chosen schedule since the last trial
-  std::vector<std::vector<double>> chosen_trial_seconds_;  // the step times the last choice was made on
+  std::vector<int> verdicts_;  // the current trial's blocks: the candidate each found fastest
+  std::vector<std::vector<double>> chosen_trial_seconds_;  // the step times of the last choice's last block
+  std::vector<int> chosen_verdicts_;
   bool loaded_from_cache_ = false;
   std::unique_ptr<State> state_;
 };

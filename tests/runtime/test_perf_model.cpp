@@ -3,6 +3,7 @@
 // executor skipping profiling when the cache has every op.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -180,7 +181,21 @@ TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
   options.trial_seconds = 0.0;     // 5 steps of each candidate
   options.retrial_seconds = 1e-9;  // due again as soon as a trial has chosen
   Executor again(trainer->train_plan(), options);
-  for (int step = 0; step < 1000 && again.trials_done() < 3; ++step) again.run();
+  for (int step = 0; step < 1000 && again.trials_done() < 3; ++step) {
+    const int before = again.trials_done();
+    again.run();
+    if (again.trials_done() == before) continue;
+    // A trial chooses what two of its blocks agree on, else intra.
+    const std::vector<std::string> verdicts = again.trial_verdicts();
+    ASSERT_TRUE(verdicts.size() == 2 || verdicts.size() == 3) << verdicts.size();
+    const std::string& chosen = again.chosen_schedule();
+    if (chosen != "intra") {
+      EXPECT_GE(std::count(verdicts.begin(), verdicts.end(), chosen), 2) << chosen;
+    }
+    if (verdicts.size() == 2) {
+      EXPECT_EQ(verdicts[0], verdicts[1]) << "two blocks that disagree need a third";
+    }
+  }
   EXPECT_EQ(again.trials_done(), 3);
   EXPECT_TRUE(again.tuned());
   EXPECT_NE(again.explain().find("(trial 3,"), std::string::npos) << again.explain();
@@ -213,8 +228,9 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   {
     Executor first(trainer->train_plan(), options);
     EXPECT_FALSE(first.profiled());
-    // Warm-up, 2 samples at 1 and at 2 threads, then 5 trial steps of each of 4 candidate schedules.
-    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 4 * 5);
+    // Warm-up, 2 samples at 1 and at 2 threads, then two blocks of 5 trial steps of each of 4
+    // candidate schedules (a third block when the two disagree).
+    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 2 * 4 * 5);
     while (!first.profiled()) first.run();
     // The trials interleave model, intra, narrow and serial; serial runs one op at a time on one
     // thread, the others may use both.
@@ -234,7 +250,7 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
     Executor second(trainer->train_plan(), options);
     EXPECT_TRUE(second.profiled());
     EXPECT_TRUE(second.loaded_from_cache());
-    EXPECT_EQ(second.tuning_runs_left(), 4 * 5);  // no profiling, only the trials
+    EXPECT_EQ(second.tuning_runs_left(), 2 * 4 * 5);  // no profiling, only the trial's blocks
     while (!second.tuned()) second.run();
     second.run();
     const std::string report = second.explain();
