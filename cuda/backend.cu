@@ -254,7 +254,12 @@ class CudaBackend final : public DeviceBackend {
     }
     auto* captured = new CapturedGraph{exec, stream.device(), stream.workspace_generation()};
     return std::shared_ptr<void>(captured, [](CapturedGraph* g) {
-      use_device(g->device);
+      // A deleter must not throw (it runs in destructors): a device that cannot be selected any
+      // more (a sticky fault) leaves the exec to be freed on whichever device is current.
+      try {
+        use_device(g->device);
+      } catch (...) {
+      }
       cudaGraphExecDestroy(g->exec);
       delete g;
     });
