@@ -140,15 +140,16 @@ int main(int argc, char** argv) {
         // Warm-up: at least `warmup` steps, and until every executor (auto policy) has finished
         // profiling and its trials, which for the CNN takes longer than 40 steps; a profiling
         // step is slower than a settled one, and it would count against whichever it hit.
+        auto single_tuning = [&] { return single.executor() && !single.executor()->tuned(); };
         auto tuning = [&] {
-          if (single.executor() && !single.executor()->tuned()) return true;
+          if (single_tuning()) return true;
           for (auto& gate : groups)
             for (auto& group : gate)
               if (group->executor_tuning_runs_left() > 0) return true;
           return false;
         };
         for (int i = 0; i < o.warmup || tuning(); ++i) {
-          if (i < o.warmup || (single.executor() && !single.executor()->tuned()))
+          if (i < o.warmup || single_tuning())
             single.train_step(data.images_of(i), data.labels_of(i));
           for (auto& gate : groups)
             for (auto& group : gate)

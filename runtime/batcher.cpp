@@ -40,7 +40,7 @@ int64_t checked_features(const Dataset& data) {
   return data.rows * data.cols;
 }
 
-int64_t count_batches(const Dataset& data, const BatcherOptions& options, int64_t features) {
+int64_t count_batches(const Dataset& data, const BatcherOptions& options) {
   if (options.batch_size <= 0) {
     throw Error(cat("batcher: batch_size ", options.batch_size, " must be positive"));
   }
@@ -50,12 +50,7 @@ int64_t count_batches(const Dataset& data, const BatcherOptions& options, int64_
   if (data.count <= 0) {
     throw Error(cat("batcher: dataset is empty (count ", data.count, ")"));
   }
-  if (static_cast<int64_t>(data.images.size()) != data.count * features ||
-      static_cast<int64_t>(data.labels.size()) != data.count) {
-    throw Error(cat("batcher: dataset is inconsistent: count ", data.count, " x features ",
-                    features, " but images holds ", data.images.size(), " floats and labels ",
-                    data.labels.size()));
-  }
+  check_consistent(data, "batcher");
   if (options.drop_last && options.batch_size > data.count) {
     throw Error(cat("batcher: batch_size ", options.batch_size, " exceeds the ", data.count,
                     " samples in the dataset, so drop_last would leave no batches"));
@@ -87,7 +82,7 @@ Batcher::Batcher(const Dataset& data, BatcherOptions options)
     : data_(data),
       options_(options),
       features_(checked_features(data)),
-      batches_per_epoch_(count_batches(data, options, features_)) {
+      batches_per_epoch_(count_batches(data, options)) {
   producer_ = std::thread([this] { produce(); });
 }
 

@@ -176,6 +176,12 @@ void Executor::use_grants(const std::vector<int>& grants) {
   }
 }
 
+void Executor::start_trial_block() {
+  trial_run_ = 0;
+  trial_time_ = 0.0;
+  for (std::vector<double>& times : trial_seconds_) times.clear();
+}
+
 void Executor::use_schedule(int candidate) {
   use_grants(candidate_grants_[candidate]);
   width_ = candidate_widths_[candidate];
@@ -390,9 +396,7 @@ void Executor::run() {
   if (options_.policy == Policy::Auto && tuned_ && trials_done_ > 0 && options_.retrial_seconds > 0.0 &&
       settled_seconds_ >= options_.retrial_seconds) {
     tuned_ = false;  // the candidates again, from scratch: the host may have changed since
-    trial_run_ = 0;
-    trial_time_ = 0.0;
-    for (std::vector<double>& times : trial_seconds_) times.clear();
+    start_trial_block();
   }
   const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
   if (trial) use_schedule(static_cast<int>(trial_run_ % kCandidates));  // candidates interleaved
@@ -445,9 +449,7 @@ void Executor::run() {
         chosen_verdicts_ = verdicts_;
         verdicts_.clear();
       } else {
-        trial_run_ = 0;  // another block
-        trial_time_ = 0.0;
-        for (std::vector<double>& times : trial_seconds_) times.clear();
+        start_trial_block();  // another block
       }
     }
   }

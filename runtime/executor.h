@@ -146,6 +146,7 @@ class Executor {
   // for `serial`: one op at a time on one thread).
   void use_grants(const std::vector<int>& grants);
   void use_schedule(int candidate);
+  void start_trial_block();  // forgets the current block's step times
   std::vector<std::string> candidate_names_{"model"};
   std::vector<std::vector<int>> candidate_grants_;
   std::vector<int> candidate_widths_;

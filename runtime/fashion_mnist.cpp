@@ -29,6 +29,14 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem)
 
 }  // namespace
 
+void check_consistent(const Dataset& data, const std::string& who) {
+  const int64_t features = data.rows * data.cols;
+  if (data.count < 0 || static_cast<int64_t>(data.images.size()) != data.count * features ||
+      static_cast<int64_t>(data.labels.size()) != data.count)
+    throw Error(cat(who, ": dataset is inconsistent: count ", data.count, " x features ", features,
+                    " but images holds ", data.images.size(), " floats and labels ", data.labels.size()));
+}
+
 std::string default_fashion_mnist_dir() {
   const char* from_env = std::getenv("QUIVER_DATA_DIR");
   if (from_env != nullptr && from_env[0] != '\0') return from_env;

@@ -16,6 +16,10 @@ struct Dataset {
   std::vector<int32_t> labels;  // (count), in 0..9
 };
 
+// Throws quiver::Error (prefixed by `who`) unless the arrays hold exactly `count` samples of
+// rows x cols values and `count` labels.
+void check_consistent(const Dataset& data, const std::string& who);
+
 // $QUIVER_DATA_DIR if set and non-empty, else /usr/share/datasets/fashion-mnist.
 std::string default_fashion_mnist_dir();
 

@@ -239,10 +239,7 @@ double Trainer::evaluate(const Dataset& data) {
   if (data.rows * data.cols != features)
     throw Error(cat("evaluate: model takes ", features, " values per sample, the data has ",
                     data.rows, "x", data.cols));
-  if (data.count < 0 || static_cast<int64_t>(data.images.size()) != data.count * features ||
-      static_cast<int64_t>(data.labels.size()) != data.count)
-    throw Error(cat("evaluate: dataset is inconsistent: count ", data.count, ", ", data.images.size(), " values, ",
-                    data.labels.size(), " labels"));
+  check_consistent(data, "evaluate");
   const Tensor& logits = plan.tensor(eval_logits_);
   const int64_t classes = logits.shape()[1];
   int64_t correct = 0;
