@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/nn.h"
 #include "models/models.h"
+#include "runtime/atomic_file.h"
 #include "runtime/thread_budget.h"
 
 namespace quiver::bench {
@@ -33,21 +34,47 @@ inline bool help_requested(int argc, char** argv, const char* usage) {
   return false;
 }
 
-inline std::vector<std::string> split(const std::string& text) {
+// The items of a comma list given to `flag`; an empty list or item is refused, naming the flag.
+inline std::vector<std::string> split(const std::string& flag, const std::string& text) {
   std::vector<std::string> parts;
   std::stringstream stream(text);
-  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  for (std::string part; std::getline(stream, part, ',');) {
+    if (part.empty()) throw Error(cat(flag, ": empty item in '", text, "'"));
+    parts.push_back(part);
+  }
+  if (parts.empty() || text.back() == ',') throw Error(cat(flag, ": expected a comma-separated list, got '", text, "'"));
   return parts;
 }
 
-inline int to_int(const std::string& flag, const std::string& text) {
+// The benches' limits: a batch beyond Fashion-MNIST's training set, or counts past these, is a typo.
+constexpr int kMaxBatch = 60000, kMaxCount = 1000000;
+
+// A whole number in [1, high] given to `flag` (nothing after the digits), or quiver::Error naming it.
+inline int to_int(const std::string& flag, const std::string& text, int high = kMaxCount) {
   try {
     size_t used = 0;
-    int value = std::stoi(text, &used);
-    if (used == text.size() && value > 0) return value;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value > 0 && value <= high) return static_cast<int>(value);
   } catch (const std::exception&) {
   }
-  throw Error(cat(flag, ": expected a positive integer, got '", text, "'"));
+  throw Error(cat(flag, ": expected a whole number from 1 to ", high, ", got '", text, "'"));
+}
+
+// Runs `parse` (a library parser: a model name, a device), naming `flag` in the error it throws.
+template <class Parse>
+auto for_flag(const std::string& flag, Parse&& parse) {
+  try {
+    return parse();
+  } catch (const Error& error) {
+    throw Error(cat(flag, ": ", error.what()));
+  }
+}
+
+// The model names given to `flag`, each checked.
+inline std::vector<std::string> model_names(const std::string& flag, const std::string& text) {
+  std::vector<std::string> names = split(flag, text);
+  for (const std::string& name : names) for_flag(flag, [&] { return models::by_name(name); });
+  return names;
 }
 
 inline double median(std::vector<double> values) {
@@ -69,13 +96,12 @@ struct GridOptions {
 // Applies `flag value` when it is one of GridOptions' flags; false when it is not.
 inline bool parse_grid_flag(const std::string& flag, const std::string& value, GridOptions& o) {
   if (flag == "--models") {
-    o.models = split(value);
-    for (const std::string& m : o.models) models::by_name(m);
+    o.models = model_names(flag, value);
   } else if (flag == "--batches") {
     o.batches.clear();
-    for (const std::string& b : split(value)) o.batches.push_back(to_int(flag, b));
+    for (const std::string& b : split(flag, value)) o.batches.push_back(to_int(flag, b, kMaxBatch));
   } else if (flag == "--threads") {
-    o.threads = to_int(flag, value);
+    o.threads = to_int(flag, value, 4096);
   } else if (flag == "--warmup") {
     o.warmup = to_int(flag, value);
   } else if (flag == "--steps") {
@@ -83,6 +109,7 @@ inline bool parse_grid_flag(const std::string& flag, const std::string& value, G
   } else if (flag == "--runs") {
     o.runs = to_int(flag, value);
   } else if (flag == "--output") {
+    check_writable(value, flag);
     o.output = value;
   } else {
     return false;
@@ -90,10 +117,13 @@ inline bool parse_grid_flag(const std::string& flag, const std::string& value, G
   return true;
 }
 
-// `pool` batches of uniform pixels and random labels for `spec`, cycled through by step().
+// Up to `most` batches (fewer for large batches: the pool stays near 64 MiB) of uniform pixels and
+// random labels for `spec`, cycled through by images_of() and labels_of().
 struct BatchPool {
-  BatchPool(const ModelSpec& spec, int64_t batch, int pool = 64) : batch(batch), pool(pool) {
+  BatchPool(const ModelSpec& spec, int64_t batch, int most = 64) : batch(batch) {
     features = spec.sample_shape.numel();
+    const int64_t fit = (int64_t{64} << 20) / (batch * features * static_cast<int64_t>(sizeof(float)));
+    pool = static_cast<int>(std::clamp<int64_t>(fit, 2, std::max(2, most)));
     std::mt19937_64 rng(42);
     std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
     images.resize(static_cast<size_t>(pool * batch * features));

@@ -46,23 +46,21 @@ Options parse(int argc, char** argv) {
     std::string value = argv[++i];
     if (bench::parse_grid_flag(flag, value, o)) continue;
     if (flag == "--device") {
-      o.device = Device::parse(value);
+      o.device = bench::for_flag(flag, [&] { return Device::parse(value); });
       continue;
     }
     if (flag == "--window") {
-      o.window = bench::to_int(flag, value) / 1000.0;
+      o.window = bench::to_int(flag, value, 600000) / 1000.0;
       continue;
     }
     if (flag == "--staleness") {
       o.staleness.clear();
-      for (const std::string& s : bench::split(value)) {
+      for (const std::string& s : bench::split(flag, value)) {
         if (s == "0") {
           o.staleness.push_back(0);
           continue;
         }
-        const int bound = bench::to_int(flag, s);
-        if (bound > kMaxStaleness) throw Error(cat(flag, ": at most ", kMaxStaleness, ", got ", bound));
-        o.staleness.push_back(bound);
+        o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness));
       }
       continue;
     }
@@ -71,8 +69,10 @@ Options parse(int argc, char** argv) {
                       "' (--models --batches --learners --staleness --device --threads --warmup --steps --runs "
                       "--window --output)"));
     o.learners.clear();
-    for (const std::string& k : bench::split(value)) o.learners.push_back(bench::to_int(flag, k));
+    for (const std::string& k : bench::split(flag, value)) o.learners.push_back(bench::to_int(flag, k, 256));
   }
+  if (!o.device.is_cpu() && std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; }))
+    throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
   return o;
 }
 
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
         }
       }
     if (!o.output.empty()) write_file_atomically(o.output, table, "results");
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
     return 1;
   }

@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     if (!o.output.empty()) write_file_atomically(o.output, table, "results");
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-policies: %s\n", error.what());
     return 1;
   }

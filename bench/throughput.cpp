@@ -2,7 +2,8 @@
 // batch sizes and thread counts, warm-up excluded, median of several runs. When the libtorch peer
 // (quiver-torch-peer) was built, each grid point also runs the same model and recipe in libtorch,
 // right after Quiver, in the same invocation, and the ratio Quiver/libtorch is printed.
-// Data: a pool of 64 fixed random batches cycled through, so no I/O is timed (as in the peer).
+// Data: a pool of 64 fixed random batches (fewer above batch 334) cycled through, so no I/O is timed
+// (as in the peer).
 // --device cuda[:N]: one model on one CUDA stream, its step replayed as a CUDA graph vs launched
 // kernel by kernel (threads and policy do not apply; no peer, the libtorch peer is a CPU build).
 // For multi-stream vs single-stream on a GPU, quiver-bench-learners.
@@ -58,14 +59,13 @@ BenchOptions parse(int argc, char** argv) {
     if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
     std::string value = argv[++i];
     if (flag == "--models") {
-      o.models = split(value);
-      for (const std::string& m : o.models) models::by_name(m);
+      o.models = bench::model_names(flag, value);
     } else if (flag == "--batches") {
       o.batches.clear();
-      for (const std::string& b : split(value)) o.batches.push_back(to_int(flag, b));
+      for (const std::string& b : split(flag, value)) o.batches.push_back(to_int(flag, b, bench::kMaxBatch));
     } else if (flag == "--threads") {
       o.threads.clear();
-      for (const std::string& t : split(value)) o.threads.push_back(to_int(flag, t));
+      for (const std::string& t : split(flag, value)) o.threads.push_back(to_int(flag, t, 4096));
     } else if (flag == "--warmup") {
       o.warmup = to_int(flag, value);
     } else if (flag == "--steps") {
@@ -73,13 +73,16 @@ BenchOptions parse(int argc, char** argv) {
     } else if (flag == "--runs") {
       o.runs = to_int(flag, value);
     } else if (flag == "--policy") {
-      if (parse_policy(value) == Policy::Fixed)
+      if (value == "fixed")
         throw Error("--policy fixed: not here (it needs --inter/--intra; quiver-bench-policies finds the best pair)");
+      if (value != "auto" && value != "serial" && value != "intra")
+        throw Error(cat("--policy: expected auto, serial or intra, got '", value, "'"));
       o.policy = value;
     } else if (flag == "--output") {
+      check_writable(value, flag);
       o.output = value;
     } else if (flag == "--device") {
-      o.device = Device::parse(value);
+      o.device = bench::for_flag(flag, [&] { return Device::parse(value); });
       if (!o.device.is_cpu()) o.peer.clear(), o.threads = {1};
     } else {
       throw Error(cat("unknown option '", flag,
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
     if (!o.output.empty()) write_file_atomically(o.output, table, "results");
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-throughput: %s\n", error.what());
     return 1;
   }

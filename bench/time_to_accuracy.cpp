@@ -83,23 +83,30 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
       std::string value = argv[++i];
       if (flag == "--models") {
-        names = bench::split(value);
-        for (const std::string& m : names) models::by_name(m);
+        names = bench::model_names(flag, value);
       } else if (flag == "--max-epochs") {
-        max_epochs = bench::to_int(flag, value);
+        max_epochs = bench::to_int(flag, value, 10000);
       } else if (flag == "--evals-per-epoch") {
-        evals_per_epoch = bench::to_int(flag, value);
+        evals_per_epoch = bench::to_int(flag, value, 1000);
       } else if (flag == "--output") {
+        check_writable(value, flag);
         output = value;
       } else if (flag == "--device") {
-        device = Device::parse(value);
+        device = bench::for_flag(flag, [&] { return Device::parse(value); });
       } else if (flag == "--staleness") {
-        staleness = value == "0" ? 0 : bench::to_int(flag, value);
+        staleness = value == "0" ? 0 : bench::to_int(flag, value, kMaxStaleness);
       } else {
         throw Error(
             cat("unknown option '", flag, "' (--models --max-epochs --evals-per-epoch --device --staleness --output)"));
       }
     }
+    if (staleness > 0 && !device.is_cpu())
+      throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+  } catch (const Error& error) {
+    std::fprintf(stderr, "quiver-bench-time-to-accuracy: %s\n", error.what());
+    return 2;
+  }
+  try {
     const std::string dir = default_fashion_mnist_dir();
     Dataset train = load_fashion_mnist(dir, Split::Train), test = load_fashion_mnist(dir, Split::Test);
     std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |\n|---|---|---|---|---|---|\n";
@@ -136,7 +143,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%s", table.c_str());
     if (!output.empty()) write_file_atomically(output, table, "results");
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-time-to-accuracy: %s\n", error.what());
     return 1;
   }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/atomic_file.h"
 #include "runtime/learners.h"
 #include "runtime/perf_model.h"
 #include "runtime/thread_budget.h"
@@ -63,7 +64,7 @@ std::string train_usage() {
          "                         after two eager steps (default on)\n"
          "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
          "  --lr X                 learning rate (default 0.01)\n"
-         "  --momentum X           SGD momentum (default 0.9)\n"
+         "  --momentum X           SGD momentum (default 0.9; not with --optimizer adam)\n"
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
          "                         /usr/share/datasets/fashion-mnist)\n"
@@ -99,7 +100,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   command.train.threads = available_cores();
   command.train.profile_cache = default_profile_cache();
   std::string inter_or_intra;
-  bool cuda_graphs_given = false;
+  bool cuda_graphs_given = false, momentum_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "--help" || flag == "-h") {
@@ -146,6 +147,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       if (!(momentum >= 0.0 && momentum < 1.0))
         throw Error(cat("--momentum: must be in [0, 1), got '", value, "'"));
       command.train.momentum = momentum;
+      momentum_given = true;
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
     } else if (flag == "--device") {
@@ -191,12 +193,13 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
+      if (flag == "--checkpoint") check_writable(value, flag);  // a typo must not cost the training run
       (flag == "--checkpoint" ? command.checkpoint : command.resume) = value;
     } else if (flag == "--profile-cache") {
       if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
       command.train.profile_cache = value == "none" ? "" : value;
     } else if (flag == "--trace") {
-      if (value.empty()) throw Error("--trace: empty file name");
+      check_writable(value, flag);
       command.train.trace_path = value;
     } else if (flag == "--data") {
       if (value.empty()) throw Error("--data: empty directory name");
@@ -213,6 +216,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
   if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
+  if (command.sync == "ssgd" && !command.train.device.is_cpu())
+    throw Error("--sync ssgd: CPU learners only for now (CUDA learners average with SMA)");
+  if (momentum_given && command.train.optimizer != "sgd")
+    throw Error(cat("--momentum: an SGD option; --optimizer ", command.train.optimizer, " keeps its own moments"));
   if (!multi && command.staleness > 0) throw Error("--staleness: only with --learners");
   if (command.staleness > 0 && command.sync == "ssgd")
     throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");

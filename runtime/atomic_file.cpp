@@ -62,4 +62,17 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   }
 }
 
+void check_writable(const std::string& path, const std::string& what) {
+  if (path.empty()) throw Error(cat(what, ": empty file name"));
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) throw Error(cat(what, ": '", path, "' is a directory"));
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string directory = parent.empty() ? "." : parent.string();
+  if (!std::filesystem::is_directory(directory, error))
+    throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "' does not exist"));
+  // The temporary file is created in `directory` and renamed there: both need write and search.
+  if (::access(directory.c_str(), W_OK | X_OK) != 0)
+    throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "': ", std::strerror(errno)));
+}
+
 }  // namespace quiver

@@ -11,4 +11,9 @@ namespace quiver {
 // Throws quiver::Error naming `what` and the path when the file cannot be written.
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
+// Refuses, before any work is done, a destination write_file_atomically could not write: an empty
+// name, a directory, a parent directory that is missing or not writable. A typo in an output path
+// then costs nothing instead of a whole training run. Throws quiver::Error naming `what`.
+void check_writable(const std::string& path, const std::string& what);
+
 }  // namespace quiver

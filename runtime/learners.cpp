@@ -341,6 +341,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // One learner per device to start, and one more per device at each step (1 on the CPU).
   const int tuner_step = static_cast<int>(devices_.size());
   if (tuning && (learners() != tuner_step || threads_per_learner_ != cores)) resize(tuner_step, cores);
+  // A round takes one batch per learner from one epoch: an epoch shorter than a round trains nothing.
+  if (per_epoch < learners())
+    throw Error(cat(learners(), " learners of batch ", batch_, " need ", learners() * batch_,
+                    " samples a round; the training set has ", train.count, " (fewer learners or a smaller batch)"));
   TunerStep best;
   int64_t measured_rounds = 0, warmup_rounds = 0;
   int64_t measured_samples = 0;
@@ -417,7 +421,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
               best.learners == 0 || step.samples_per_second > best.samples_per_second * (1.0 + options_.tune_threshold);
           if (better) best = step;
           bool grown = false;
-          if (better && k + tuner_step <= options_.max_learners) {
+          if (better && k + tuner_step <= std::min<int64_t>(options_.max_learners, per_epoch)) {
             try {
               resize(k + tuner_step, std::max(1, cores / (k + tuner_step)));  // refused when it would not fit in memory
               grown = true;

@@ -26,6 +26,29 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--learners", "3"}).staleness, 0);
   EXPECT_EQ(parse_train_command({"--eval-every", "100"}).train.eval_every, 100);
   EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
+
+  // The executor's and the learners' flags, each landing in its own field.
+  c = parse_train_command({"--policy", "fixed", "--inter", "2", "--intra", "3", "--momentum", "0.5", "--explain",
+                           "--profile-cache", "none", "--trace", "quiver-test-trace.json"});
+  EXPECT_EQ(c.train.policy, "fixed");
+  EXPECT_EQ(c.train.inter, 2);
+  EXPECT_EQ(c.train.intra, 3);
+  EXPECT_DOUBLE_EQ(c.train.momentum, 0.5);
+  EXPECT_TRUE(c.explain);
+  EXPECT_EQ(c.train.profile_cache, "");
+  EXPECT_EQ(c.train.trace_path, "quiver-test-trace.json");
+  EXPECT_EQ(parse_train_command({"--profile-cache", "p.json"}).train.profile_cache, "p.json");
+  c = parse_train_command({"--learners", "4", "--threads-per-learner", "1", "--alpha", "0.25", "--checkpoint",
+                           "z.ckpt", "--resume", "y.ckpt"});
+  EXPECT_EQ(c.learners, 4);
+  EXPECT_FALSE(c.learners_auto);
+  EXPECT_EQ(c.threads_per_learner, 1);
+  EXPECT_DOUBLE_EQ(c.alpha, 0.25);
+  EXPECT_EQ(c.checkpoint, "z.ckpt");
+  EXPECT_EQ(c.resume, "y.ckpt");
+  EXPECT_EQ(c.sync, "sma");
+  EXPECT_EQ(parse_train_command({"--learners", "2", "--sync", "ssgd"}).sync, "ssgd");
+  EXPECT_TRUE(parse_train_command({"--learners", "auto"}).learners_auto);
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -88,7 +111,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--staleness", "-1"}, "--staleness"},
                       BadFlag{{"--learners", "2", "--staleness", "65"}, "--staleness"},
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
-                      BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"}),
+                      BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
+                      BadFlag{{"--device", "cuda", "--learners", "2", "--sync", "ssgd"}, "--sync"},
+                      BadFlag{{"--optimizer", "adam", "--momentum", "0.5"}, "--momentum"},
+                      BadFlag{{"--learners", "2", "--checkpoint", "/nonexistent/dir/z.ckpt"}, "--checkpoint"},
+                      BadFlag{{"--trace", "/nonexistent/dir/t.json"}, "--trace"}, BadFlag{{"--trace", "/"}, "--trace"},
+                      BadFlag{{"--trace", ""}, "--trace"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)

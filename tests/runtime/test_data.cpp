@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/atomic_file.h"
 #include "runtime/batcher.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/idx.h"
@@ -426,6 +427,38 @@ TEST(DataBatcher, DestroyMidEpochDoesNotHang) {
   for (int i = 0; i < 50; ++i) {
     Batcher batcher(d, options);  // destroyed at once, possibly before the thread ran
   }
+}
+
+// Atomic writes replace the file whole and leave no temporary beside it; a destination that could
+// not be written is refused up front, naming what it is for and why.
+TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / cat("quiver-atomic-", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "out.md").string();
+  write_file_atomically(path, "first, and longer", "results");
+  write_file_atomically(path, "second", "results");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "second");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()), 1)
+      << "a temporary file was left behind";
+  EXPECT_NO_THROW(check_writable(path, "--output"));                    // an existing file
+  EXPECT_NO_THROW(check_writable((dir / "new.md").string(), "--output"));  // a new one
+  auto message = [](const std::string& target) {
+    try {
+      check_writable(target, "--output");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message(""), "--output: empty file name");
+  EXPECT_EQ(message(dir.string()), cat("--output: '", dir.string(), "' is a directory"));
+  const std::string missing = (dir / "no" / "x.md").string();
+  EXPECT_EQ(message(missing),
+            cat("--output: cannot write '", missing, "': directory '", (dir / "no").string(), "' does not exist"));
+  EXPECT_THROW(write_file_atomically(missing, "x", "results"), Error);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <future>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "core/error.h"
@@ -127,6 +128,13 @@ TrainOptions recipe() {
   train.policy = "serial";
   train.threads = 1;
   return train;
+}
+
+// The step a "training stopped: loss is nan at step N" error names; -1 when it names none.
+int64_t step_named(const Error& error) {
+  std::smatch match;
+  const std::string message = error.what();
+  return std::regex_search(message, match, std::regex("at step ([0-9]+)")) ? std::stoll(match[1]) : -1;
 }
 
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
@@ -260,11 +268,24 @@ TEST(Learners, ErrorsAreClear) {
   TrainOptions train = recipe();
   train.learning_rate = 1e30;
   LearnerGroup group(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
+  int rounds = 0;
   try {
-    for (int round = 0; round < 10; ++round) group.round(data.images.data(), data.labels.data());
+    for (; rounds < 10; ++rounds) group.round(data.images.data(), data.labels.data());
     FAIL() << "a diverging run must stop";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+    const int64_t step = step_named(error);
+    EXPECT_GE(step, 1) << error.what();
+    EXPECT_LE(step, rounds + 1) << error.what();  // a step of the round that failed, or before
+  }
+  // A round takes one batch per learner from one epoch: a round larger than the epoch is refused.
+  LearnerGroup wide(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  try {
+    wide.fit(small_dataset(12, 1), nullptr, 1);
+    FAIL() << "an epoch of 1 batch cannot feed 2 learners";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("2 learners of batch 8 need 16 samples a round; the training set has 12"),
+              std::string::npos)
+        << error.what();
   }
 }
 
@@ -443,7 +464,8 @@ TEST(Learners, StalenessOptionsAreChecked) {
     group.settle();
     FAIL() << "a diverging run must stop";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+    EXPECT_GE(step_named(error), 1) << error.what();
+    EXPECT_LE(step_named(error), 10) << error.what();
   }
   // The same error leaving fit() while learners are rounds behind: they finish before fit()'s
   // batches and batcher are freed (the ASan preset would report a use after free otherwise).
@@ -452,7 +474,8 @@ TEST(Learners, StalenessOptionsAreChecked) {
     behind.fit(small_dataset(640, 3), nullptr, 1);
     FAIL() << "a diverging run must stop";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("at step"), std::string::npos) << error.what();
+    EXPECT_GE(step_named(error), 1) << error.what();
+    EXPECT_LE(step_named(error), 640 / 8) << error.what();  // a learner's steps: at most the epoch's batches
   }
 }
 
