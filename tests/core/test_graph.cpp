@@ -2,6 +2,8 @@
 // read twice, parameter naming, and the memory plan reusing activation buffers.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/nn.h"
@@ -39,6 +41,48 @@ TEST(Builder, ConvChannelMismatchNamesTheNode) {
   EXPECT_NE(message.find("conv2d 'conv1'"), std::string::npos) << message;
   EXPECT_NE(message.find("[2,3,8,8]"), std::string::npos) << message;
   EXPECT_NE(message.find("[4,2,3,3]"), std::string::npos) << message;
+}
+
+// Every op family's shape error names the op, the node and the shapes it was given.
+TEST(Builder, ShapeErrorsNameTheOpTheNodeAndTheShapes) {
+  struct Case {
+    std::string op, node;
+    std::vector<std::string> shapes;
+    std::function<void(GraphBuilder&)> build;
+  };
+  const std::vector<Case> cases = {
+      {"add", "sum", {"[4,6]", "[4,5]"},
+       [](GraphBuilder& b) { b.add(b.input("x", Shape{4, 6}), b.input("y", Shape{4, 5}), "sum"); }},
+      {"mul", "product", {"[4,6]", "[6,4]"},
+       [](GraphBuilder& b) { b.mul(b.input("x", Shape{4, 6}), b.input("y", Shape{6, 4}), "product"); }},
+      {"matmul", "fc2", {"[64,512]", "[256,10]"},
+       [](GraphBuilder& b) {
+         b.matmul(b.input("x", Shape{64, 512}), b.parameter("w", Shape{256, 10}, ParamInit::zeros()), false, false,
+                  "fc2");
+       }},
+      {"bias_add", "fc1_bias", {"[8,16]", "[10]"},
+       [](GraphBuilder& b) {
+         b.bias_add(b.input("x", Shape{8, 16}), b.parameter("b", Shape{10}, ParamInit::zeros()), "fc1_bias");
+       }},
+      {"max_pool2d", "pool1", {"[2,3,4,4]"},
+       [](GraphBuilder& b) { b.max_pool2d(b.input("x", Shape{2, 3, 4, 4}), 5, 5, "pool1"); }},
+      {"lstm", "lstm1", {"[4,28,28]", "[20,512]"},
+       [](GraphBuilder& b) {
+         b.lstm(b.input("x", Shape{4, 28, 28}), b.parameter("wx", Shape{20, 512}, ParamInit::zeros()),
+                b.parameter("wh", Shape{128, 512}, ParamInit::zeros()),
+                b.parameter("b", Shape{512}, ParamInit::zeros()), "lstm1");
+       }},
+      {"softmax_cross_entropy", "loss", {"[4,10]", "[5]"},
+       [](GraphBuilder& b) {
+         b.softmax_cross_entropy(b.input("x", Shape{4, 10}), b.input("labels", Shape{5}, DType::I32), "loss");
+       }},
+  };
+  for (const Case& c : cases) {
+    GraphBuilder b;
+    const std::string message = error_of([&] { c.build(b); });
+    EXPECT_NE(message.find(cat(c.op, " '", c.node, "'")), std::string::npos) << message;
+    for (const std::string& shape : c.shapes) EXPECT_NE(message.find(shape), std::string::npos) << message;
+  }
 }
 
 TEST(Builder, OtherMalformedGraphsAreRejected) {
@@ -178,6 +222,15 @@ TEST(ParamStore, InitialisationDependsOnlyOnSeedAndName) {
   }
   two.initialize(4);
   EXPECT_NE(one.param(0).f32()[0], two.param(0).f32()[0]);
+  // By name, not by position: "b" declared after another parameter draws the same values, and
+  // two names with one seed draw different ones.
+  GraphBuilder other;
+  other.parameter("z", Shape{3}, ParamInit::uniform(0.5));
+  other.parameter("b", Shape{10}, ParamInit::uniform(0.5));
+  ParamStore three(other.graph());
+  three.initialize(3);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(three.param(1).f32()[i], one.param(1).f32()[i]);
+  EXPECT_NE(one.param(0).f32()[0], one.param(1).f32()[0]);
   // Flat buffers: every parameter is a view into one allocation.
   EXPECT_EQ(one.param(0).storage(), one.param(1).storage());
 }

@@ -84,12 +84,15 @@ TEST(Optimizer, UpdateRunsAfterEveryReaderOfItsParameter) {
   const Graph& graph = problem.builder.graph();
   const Node& update = graph.nodes().back();
   ASSERT_EQ(update.op, "sgd_update");
+  int readers = 0;
   for (NodeId reader : graph.consumers(problem.w.id)) {
     if (reader == update.id) continue;
+    ++readers;
     EXPECT_NE(std::find(update.control_inputs.begin(), update.control_inputs.end(), reader),
               update.control_inputs.end())
         << graph.node(reader).name;
   }
+  EXPECT_GE(readers, 1) << "the forward pass reads w: there is an order to check";
 }
 
 }  // namespace

@@ -84,6 +84,8 @@ TEST(PerfModel, HeldOutErrorNeedsThreeCountsAndSeesNoise) {
     exact.add_sample("op", p, 1e-4 + 1e-3 / p + 1e-5 * p);
     noisy.add_sample("op", p, (1e-4 + 1e-3 / p + 1e-5 * p) * (p % 2 ? 1.2 : 0.8));
   }
+  ASSERT_FALSE(exact.held_out_errors().empty());
+  ASSERT_FALSE(noisy.held_out_errors().empty());
   for (double error : exact.held_out_errors()) EXPECT_LT(error, 1e-6);
   double worst = 0.0;
   for (double error : noisy.held_out_errors()) worst = std::max(worst, error);
