@@ -8,11 +8,20 @@ import sys
 
 
 def read_table(path):
+    """The learner counts in ascending order and, per table row, its name and its ratios to
+    single-stream in that order. Raises ValueError when the file holds no such table."""
     rows = []
     with open(path) as f:
         lines = [line.strip() for line in f if line.strip().startswith("|")]
+    if len(lines) < 3:
+        raise ValueError(f"{path}: no table with data rows (expected quiver-bench-learners --output)")
     header = [c.strip() for c in lines[0].strip("|").split("|")]
+    if "single-stream samples/s" not in header:
+        raise ValueError(f"{path}: no 'single-stream samples/s' column: not a quiver-bench-learners table")
     ks = [int(h.split()[0]) for h in header if h.endswith("learner(s)")]
+    if not ks:
+        raise ValueError(f"{path}: no 'k learner(s)' columns")
+    order = sorted(range(len(ks)), key=lambda i: ks[i])
     first = header.index("single-stream samples/s")
     gated = "staleness" in header
     for line in lines[2:]:
@@ -20,8 +29,8 @@ def read_table(path):
         single = float(cells[first])
         rates = [float(c) for c in cells[first + 1:first + 1 + len(ks)]]
         name = f"{cells[0]} b{cells[1]}" + (f" s{cells[2]}" if gated else "")
-        rows.append((name, [r / single for r in rates]))
-    return ks, rows
+        rows.append((name, [rates[i] / single for i in order]))
+    return [ks[i] for i in order], rows
 
 
 def svg(ks, rows, title):
@@ -58,7 +67,10 @@ def svg(ks, rows, title):
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    ks, rows = read_table(sys.argv[1])
+    try:
+        ks, rows = read_table(sys.argv[1])
+    except (OSError, ValueError, IndexError) as error:
+        sys.exit(f"plot_learners: {error}")
     text = svg(ks, rows, "k learners with SMA vs single-stream (dashed: 1.0)")
     temporary = sys.argv[2] + ".tmp"
     with open(temporary, "w") as f:

@@ -5,17 +5,23 @@ first op's start to the last op's end, the busy time per thread, and the ops tha
 
 usage: scripts/trace_summary.py TRACE.json [--step N]
 """
+import argparse
 import json
 import sys
 
 
 def main(argv):
-    if len(argv) < 2 or argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if len(argv) >= 2 else 2
-    with open(argv[1]) as f:
-        events = json.load(f)["traceEvents"]
-    only = int(argv[argv.index("--step") + 1]) if "--step" in argv else None
+    parser = argparse.ArgumentParser(prog="trace_summary.py", description=__doc__.strip().split("\n\n")[0])
+    parser.add_argument("trace", help="a trace written by quiver-train --trace")
+    parser.add_argument("--step", type=int, help="summarise this step only")
+    args = parser.parse_args(argv[1:])
+    try:
+        with open(args.trace) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"trace_summary: {args.trace}: not a readable Chrome trace ({error})", file=sys.stderr)
+        return 1
+    only = args.step
     steps = {}
     for e in events:
         steps.setdefault(e["args"]["step"], []).append(e)
