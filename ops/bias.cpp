@@ -8,19 +8,6 @@ namespace quiver {
 
 namespace {
 
-// x viewed as (outer, channels, inner).
-struct BiasGeometry {
-  int64_t outer = 0, channels = 0, inner = 0;
-};
-
-BiasGeometry geometry(const Shape& x) {
-  BiasGeometry g;
-  g.outer = x[0];
-  g.channels = x[1];
-  g.inner = x.numel() / std::max<int64_t>(1, g.outer * g.channels);
-  return g;
-}
-
 std::vector<TensorType> infer_bias_add(const InferContext& ctx) {
   expect_inputs(ctx, 2);
   if (ctx.shape(0).rank() < 2) ctx.fail("input must have rank >= 2 (B, C, ...)");
@@ -40,7 +27,7 @@ std::vector<TensorType> infer_bias_grad(const InferContext& ctx) {
 }
 
 KernelFn prepare_bias_add(const KernelSpec& spec) {
-  BiasGeometry g = geometry(spec.input(0).shape);
+  BiasGeometry g = bias_geometry(spec.input(0).shape);
   return [g](const KernelCall& call) {
     float* dst = call.outputs[0].f32();        // (outer, C, inner)
     const float* src = call.inputs[0].f32();   // (outer, C, inner)
@@ -59,7 +46,7 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
 }
 
 KernelFn prepare_bias_grad(const KernelSpec& spec) {
-  BiasGeometry g = geometry(spec.input(0).shape);
+  BiasGeometry g = bias_geometry(spec.input(0).shape);
   return [g](const KernelCall& call) {
     float* dbias = call.outputs[0].f32();     // (C)
     const float* dy = call.inputs[0].f32();   // (outer, C, inner)

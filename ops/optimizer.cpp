@@ -31,10 +31,7 @@ KernelFn prepare_sgd(const KernelSpec& spec) {
 }
 
 KernelFn prepare_adam(const KernelSpec& spec) {
-  const Attrs& a = spec.node.attrs;
-  float beta1 = static_cast<float>(a.get_float("beta1")), beta2 = static_cast<float>(a.get_float("beta2"));
-  float epsilon = static_cast<float>(a.get_float("epsilon"));
-  float weight_decay = static_cast<float>(a.get_float("weight_decay", 0.0));
+  const auto [beta1, beta2, epsilon, weight_decay] = adam_attrs(spec.node.attrs);
   return [=](const KernelCall& call) {
     float* w = call.inputs[0].f32();
     const float* g = call.inputs[1].f32();

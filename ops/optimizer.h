@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/graph.h"
 #include "ops/kernel_util.h"
 
 namespace quiver::math {
@@ -27,3 +28,17 @@ QUIVER_HD inline void adam_step(float& w, float& m, float& v, float g, float lr,
 }
 
 }  // namespace quiver::math
+
+namespace quiver {
+
+// adam_update's hyperparameters, read from its node's attributes when a kernel is prepared.
+struct AdamAttrs {
+  float beta1 = 0.0f, beta2 = 0.0f, epsilon = 0.0f, weight_decay = 0.0f;
+};
+
+inline AdamAttrs adam_attrs(const Attrs& a) {
+  return {static_cast<float>(a.get_float("beta1")), static_cast<float>(a.get_float("beta2")),
+          static_cast<float>(a.get_float("epsilon")), static_cast<float>(a.get_float("weight_decay", 0.0))};
+}
+
+}  // namespace quiver

@@ -382,7 +382,7 @@ TEST(CudaOpRegistry, EveryRegisteredKindHasACudaKernel) {
       ++cuda_kernels;
       EXPECT_TRUE(static_cast<bool>(impl.prepare)) << kind << ": CUDA kernel '" << impl.name << "' has no prepare";
     }
-    EXPECT_GT(cuda_kernels, 0) << "op kind '" << kind << "' has no CUDA kernel (register one in cuda/kernels_*.cu)";
+    EXPECT_GT(cuda_kernels, 0) << "op kind '" << kind << "' has no CUDA kernel (register one in cuda/<op family>.cu)";
   }
   EXPECT_TRUE(registry.orphan_kernel_kinds().empty()) << "a CUDA kernel names an op kind that is not registered";
 }
