@@ -61,8 +61,21 @@ void DeviceSma::round(std::span<const ExecContext* const> streams, std::span<con
     if (!shard.params.empty()) used.push_back(std::move(shard));
   if (used.size() != shards_.size())
     throw Error(cat("SMA: every device needs at least one learner; ", used.size(), " of ", shards_.size(), " have one"));
-  backend.sma_round_devices(used, alpha_, mu_z_, n);
-  for (size_t j = 0; j < params.size(); ++j) backend.order(*shards_[shard_of(params[j])].stream, *streams[j]);
+  // The learners' next work waits for the round, also when it fails part way: the corrections
+  // already queued still write the replicas.
+  auto order_learners = [&] {
+    for (size_t j = 0; j < params.size(); ++j) backend.order(*shards_[shard_of(params[j])].stream, *streams[j]);
+  };
+  try {
+    backend.sma_round_devices(used, alpha_, mu_z_, n);
+  } catch (...) {
+    try {
+      order_learners();
+    } catch (...) {  // the round's own error is the one to report
+    }
+    throw;
+  }
+  order_learners();
 }
 
 void DeviceSma::reset_replicas(std::span<const Tensor> params) {
