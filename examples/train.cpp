@@ -78,18 +78,26 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                 options.tune_window, options.tune_window_seconds);
     // Once settled, the last entry repeats the choice; until then every entry is a measurement.
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
-    for (size_t i = 0; i < measured; ++i)
-      std::printf("  %s: %.0f samples/s%s\n",
-                  configuration(history[i].learners, history[i].threads_per_learner).c_str(),
-                  history[i].samples_per_second,
-                  i != 0   ? ""
+    // Single-stream's samples/s: the mean of the first configuration's windows (two after a close call).
+    double single_sum = 0.0;
+    int single_windows = 0;
+    for (size_t i = 0; i < measured; ++i) {
+      const TunerStep& step = history[i];
+      const bool single = step.learners == history.front().learners &&
+                          step.threads_per_learner == history.front().threads_per_learner;
+      if (single) single_sum += step.samples_per_second, ++single_windows;
+      std::printf("  %s: %.0f samples/s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
+                  step.samples_per_second,
+                  !single  ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
-                           : "  (single-stream: one learner, one CUDA stream)");
+                           : "  (single-stream: one learner, one CUDA stream)",
+                  step.again ? "  (measured again: a close call)" : "");
+    }
     if (group.tuned()) {
       const TunerStep& chosen = history.back();
       std::printf("chose %s: %.0f samples/s, %.2fx single-stream\n",
                   configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
-                  chosen.samples_per_second / history.front().samples_per_second);
+                  chosen.samples_per_second / (single_sum / single_windows));
     } else {
       std::printf("not settled: training ended while %s were being measured (more --epochs give it the rounds)\n",
                   configuration(group.learners(), group.threads_per_learner()).c_str());

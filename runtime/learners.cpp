@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "core/device.h"
@@ -37,6 +38,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (options.threads_per_learner < 1)
     throw Error(cat("threads per learner: need at least 1, got ", options.threads_per_learner));
   if (!(options.tune_threshold > 0.0)) throw Error(cat("tune threshold must be > 0, got ", options.tune_threshold));
+  if (!(options.tune_confirm_band >= 0.0))
+    throw Error(cat("tune confirm band must be >= 0, got ", options.tune_confirm_band));
   if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
   if (!(options.tune_window_seconds >= 0.0))
     throw Error(cat("tune window must be >= 0 seconds, got ", options.tune_window_seconds));
@@ -334,29 +337,40 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
 
-  // Tuner state: the configuration being measured, its rounds so far, and the best one.
+  // The tuner decides what to measure next; fit() measures windows of rounds and resizes.
   const int cores = options_.tune_cores > 0 ? options_.tune_cores : available_cores();
-  bool tuning = options_.tune;
+  const int tuner_step = static_cast<int>(devices_.size());  // one learner per device at a time
+  std::optional<LearnerTuner> tuner;
   tuned_ = false;
-  // One learner per device to start, and one more per device at each step (1 on the CPU).
-  const int tuner_step = static_cast<int>(devices_.size());
-  if (tuning && (learners() != tuner_step || threads_per_learner_ != cores)) resize(tuner_step, cores);
+  if (options_.tune) {
+    TunerOptions tuning;
+    tuning.cores = cores;
+    tuning.step = tuner_step;
+    // A round takes one batch per learner from one epoch: never more learners than an epoch's batches.
+    tuning.max_learners = std::max(tuner_step, static_cast<int>(std::min<int64_t>(per_epoch, options_.max_learners)));
+    tuning.threshold = options_.tune_threshold;
+    tuning.confirm_band = options_.tune_confirm_band;
+    tuner.emplace(tuning);
+    history_.clear();
+    if (learners() != tuner_step || threads_per_learner_ != cores) resize(tuner_step, cores);
+  }
   // A round takes one batch per learner from one epoch: an epoch shorter than a round trains nothing.
   if (per_epoch < learners())
     throw Error(cat(learners(), " learners of batch ", batch_, " need ", learners() * batch_,
                     " samples a round; the training set has ", train.count, " (fewer learners or a smaller batch)"));
-  TunerStep best;
+  // The window being measured: its rounds and samples so far, after a warm-up of `warmup_rounds`.
   int64_t measured_rounds = 0, warmup_rounds = 0;
   int64_t measured_samples = 0;
   double measure_start = clock.training_seconds();
   auto measuring_seconds = [&] { return clock.training_seconds() - measure_start; };
-  auto start_measuring = [&] {
-    warmup_rounds = executor_tuning_runs_left() + 3;
+  // A new configuration warms up first; a close call's second window of the same one does not.
+  auto start_measuring = [&](bool warm_up) {
+    warmup_rounds = warm_up ? executor_tuning_runs_left() + 3 : 0;
     measure_start = clock.training_seconds();
     measured_rounds = 0;
     measured_samples = 0;
   };
-  if (tuning) start_measuring();
+  if (tuner) start_measuring(true);
 
   // One batch per learner a round, handed over as they came; kept while a learner may still be
   // running that round (up to `staleness` rounds back).
@@ -397,7 +411,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       loss_sum += round(images, labels);
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
-      if (tuning) {
+      if (tuner && !tuned_) {
         if (warmup_rounds > 0) {  // not measured: the executors' profiling and 3 rounds, and the time floor
           const bool floor_reached = measuring_seconds() >= options_.tune_warmup_seconds;
           if (warmup_rounds > 1 || floor_reached) --warmup_rounds;
@@ -415,27 +429,22 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
         if (warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
             measuring_seconds() >= options_.tune_window_seconds) {
           settle();  // under a staleness bound, count only the samples that have been trained on
-          const TunerStep step{k, threads_per_learner_, measured_samples / measuring_seconds()};
-          history_.push_back(step);
-          const bool better =
-              best.learners == 0 || step.samples_per_second > best.samples_per_second * (1.0 + options_.tune_threshold);
-          if (better) best = step;
-          bool grown = false;
-          if (better && k + tuner_step <= std::min<int64_t>(options_.max_learners, per_epoch)) {
+          tuner->measured(static_cast<double>(measured_samples) / measuring_seconds());
+          const TunerStep next = tuner->current();
+          const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;
+          if (change) {
             try {
-              resize(k + tuner_step, std::max(1, cores / (k + tuner_step)));  // refused when it would not fit in memory
-              grown = true;
-              start_measuring();
+              resize(next.learners, next.threads_per_learner);  // refused when it would not fit in memory
             } catch (const Error&) {
-              if (learners() != k) resize(best.learners, best.threads_per_learner);
+              tuner->refused();  // keep the best so far, which did fit
+              const TunerStep kept = tuner->current();
+              if (kept.learners != learners() || kept.threads_per_learner != threads_per_learner_)
+                resize(kept.learners, kept.threads_per_learner);
             }
           }
-          if (!grown) {
-            if (k != best.learners) resize(best.learners, best.threads_per_learner);
-            history_.push_back(best);  // the last entry is the choice
-            tuning = false;
-            tuned_ = true;
-          }
+          history_ = tuner->history();
+          tuned_ = tuner->settled();
+          if (!tuned_) start_measuring(change);
         }
       }
       const bool last = batches_in_epoch + learners() > per_epoch || rounds == max_rounds;

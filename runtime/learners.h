@@ -9,7 +9,7 @@
 // batches), z is evaluated after each epoch, and with `tune` the number of learners is tuned while
 // training (Crossbow): start with one learner on all cores (or `tune_cores`), measure samples/s over a window, add a
 // learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
-// best and keep it. A change of k rebuilds the replicas from z (like a learning-rate drop).
+// best and keep it; a close call is measured twice (runtime/learner_tuner.h). A change of k rebuilds the replicas from z (like a learning-rate drop).
 // One learner with the default alpha has nothing to average: it trains exactly like single-stream
 // training and z is its model, so the tuner's starting point is single-stream itself.
 //
@@ -35,6 +35,7 @@
 
 #include "runtime/cpu_stream.h"
 #include "runtime/device_sma.h"
+#include "runtime/learner_tuner.h"
 #include "runtime/sma.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
@@ -57,6 +58,7 @@ struct LearnerOptions {
   // fit(): tune the number of learners while training, starting from one.
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
+  double tune_confirm_band = 0.10;  // a gain within this of the threshold is measured twice (learner_tuner.h)
   int tune_window = 20;          // rounds measured per configuration, after its warm-up...
   double tune_window_seconds = 0.5;  // ...and at least this long: short windows on a shared machine are noise
   // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
@@ -69,12 +71,6 @@ struct LearnerOptions {
   // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the
   // caller (CPU learners under SMA; see the top of this file).
   int staleness = 0;
-};
-
-// One configuration the tuner measured.
-struct TunerStep {
-  int learners = 0, threads_per_learner = 0;
-  double samples_per_second = 0.0;
 };
 
 // Bytes k learners need (parameters, gradients, optimizer state and snapshot per replica, plus

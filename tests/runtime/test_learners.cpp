@@ -314,6 +314,7 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   Dataset train = small_dataset(8 * 64, 3);
   LearnerOptions options{1, 1, SmaOptions{}};
   options.tune = true;
+  options.tune_confirm_band = 0.0;  // one window each: close calls are LearnerTuner's tests
   options.tune_window = 3;
   options.tune_window_seconds = 0.0;
   options.tune_warmup_seconds = 0.0;
@@ -335,6 +336,35 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   EXPECT_TRUE(measured);
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
+}
+
+// fit() with every gain a close call (a band wider than any gain): the candidate is measured twice
+// without a resize in between, then the best so far again, and the group ends as the tuner chose.
+TEST(Learners, TunerMeasuresACloseCallTwiceWhileTraining) {
+  Dataset train = small_dataset(8 * 64, 3);
+  LearnerOptions options{1, 1, SmaOptions{}};
+  options.tune = true;
+  options.tune_confirm_band = 1e9;
+  options.tune_window = 3;
+  options.tune_window_seconds = 0.0;
+  options.tune_warmup_seconds = 0.0;
+  options.max_learners = 2;
+  LearnerGroup group(models::mlp(), recipe(), options);
+  group.fit(train, nullptr, 4);
+  ASSERT_TRUE(group.tuned());
+  const std::vector<TunerStep>& history = group.tuner_history();
+  ASSERT_EQ(history.size(), 5u);  // 1, 2, 2 again, 1 again, the choice
+  const int expected[] = {1, 2, 2, 1};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(history[i].learners, expected[i]) << i;
+    EXPECT_EQ(history[i].again, i >= 2) << i;
+  }
+  const TunerStep& chosen = history.back();
+  const double one = (history[0].samples_per_second + history[3].samples_per_second) / 2;
+  const double two = (history[1].samples_per_second + history[2].samples_per_second) / 2;
+  EXPECT_EQ(chosen.learners, two > one * 1.1 ? 2 : 1);
+  EXPECT_DOUBLE_EQ(chosen.samples_per_second, chosen.learners == 2 ? two : one);
+  EXPECT_EQ(group.learners(), chosen.learners);
 }
 
 // The clock gate of bounded staleness: wait_at_most(n) returns only once n or fewer pieces of

@@ -1,0 +1,94 @@
+#include "runtime/learner_tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace quiver {
+
+namespace {
+
+double mean(const std::vector<double>& values) {
+  return std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+}  // namespace
+
+LearnerTuner::LearnerTuner(TunerOptions options) : options_(options) {
+  if (options.cores < 1 || options.step < 1 || options.max_learners < options.step)
+    throw Error(cat("learner tuner: cores ", options.cores, ", step ", options.step, " and max learners ",
+                    options.max_learners, " must be >= 1, with max learners >= step"));
+  if (!(options.threshold >= 0.0) || !(options.confirm_band >= 0.0))
+    throw Error(cat("learner tuner: threshold ", options.threshold, " and confirm band ", options.confirm_band,
+                    " must be >= 0"));
+  current_ = {options.step, options.cores, 0.0};
+}
+
+void LearnerTuner::measured(double samples_per_second) {
+  if (settled_) throw Error("learner tuner: measured() after it settled");
+  if (!(samples_per_second > 0.0) || !std::isfinite(samples_per_second))
+    throw Error(cat("learner tuner: a window of ", samples_per_second, " samples/s"));
+  TunerStep window = current_;
+  window.samples_per_second = samples_per_second;
+  window.again = phase_ != Phase::Explore;
+  history_.push_back(window);
+  const double bar = 1.0 + options_.threshold;
+  switch (phase_) {
+    case Phase::Explore: {
+      if (best_.learners == 0) {  // the first configuration: single-stream
+        best_ = window, best_rates_ = {samples_per_second};
+        return grow_from(best_);
+      }
+      const double gain = samples_per_second / best_.samples_per_second;
+      if (std::abs(gain - bar) <= options_.confirm_band) {  // a close call: the candidate again
+        candidate_ = window, candidate_rates_ = {samples_per_second};
+        phase_ = Phase::CandidateAgain;
+        return;
+      }
+      if (gain > bar) {
+        best_ = window, best_rates_ = {samples_per_second};
+        return grow_from(best_);
+      }
+      return settle();
+    }
+    case Phase::CandidateAgain:  // then the best so far again
+      candidate_rates_.push_back(samples_per_second);
+      phase_ = Phase::BestAgain;
+      current_ = {best_.learners, best_.threads_per_learner, 0.0};
+      return;
+    case Phase::BestAgain: {
+      best_rates_.push_back(samples_per_second);
+      phase_ = Phase::Explore;
+      const double candidate = mean(candidate_rates_), best = mean(best_rates_);
+      if (candidate > best * bar) {
+        best_ = candidate_, best_.samples_per_second = candidate, best_rates_ = candidate_rates_;
+        return grow_from(best_);
+      }
+      best_.samples_per_second = best;
+      return settle();
+    }
+  }
+}
+
+void LearnerTuner::refused() {
+  if (!settled_) settle();
+}
+
+void LearnerTuner::grow_from(const TunerStep& from) {
+  const int next = from.learners + options_.step;
+  if (next > options_.max_learners) return settle();
+  current_ = {next, std::max(1, options_.cores / next), 0.0};
+}
+
+void LearnerTuner::settle() {
+  settled_ = true;
+  phase_ = Phase::Explore;
+  current_ = {best_.learners, best_.threads_per_learner, 0.0};
+  TunerStep kept = best_;
+  kept.again = false;
+  history_.push_back(kept);
+}
+
+}  // namespace quiver

@@ -1,0 +1,63 @@
+// The learner-count tuner of LearnerGroup::fit (Crossbow's rule): measure samples/s of one
+// configuration at a time, starting from one learner (per device) on all cores; add a learner
+// (the cores split evenly) while samples/s rises by more than a threshold; then keep the best.
+//
+// A close call is measured twice. On a shared machine one window's samples/s is noisy by several
+// percent, as much as the threshold itself, so a gain within `confirm_band` of the threshold is
+// not trusted on one window: the candidate is measured again at once, then the best so far again
+// (A B B A: a host whose speed drifts steadily favours neither), and the two means decide. A gain
+// clearly above or below the threshold costs nothing extra.
+//
+// The tuner only decides; LearnerGroup::fit trains, measures the windows and resizes the group.
+#pragma once
+
+#include <vector>
+
+namespace quiver {
+
+// One configuration the tuner measured (one window), or, as the last entry of a settled
+// history, the configuration it kept with the mean samples/s of its windows.
+struct TunerStep {
+  int learners = 0, threads_per_learner = 0;
+  double samples_per_second = 0.0;
+  bool again = false;  // a close call's second window of this configuration
+};
+
+struct TunerOptions {
+  int cores = 1;          // CPU: split among the learners (one thread each at least)
+  int step = 1;           // learners added at a time (one per device)
+  int max_learners = 1;   // never more
+  double threshold = 0.10;     // add a learner while samples/s rises by more than this
+  double confirm_band = 0.10;  // a gain within this of the threshold is measured twice
+};
+
+class LearnerTuner {
+ public:
+  explicit LearnerTuner(TunerOptions options);  // throws quiver::Error on bad options
+
+  // The configuration to measure now (learners, threads_per_learner; its samples/s unused).
+  const TunerStep& current() const { return current_; }
+  // Records one window of current() at `samples_per_second`; current() is then the next
+  // configuration to measure (the same one for a close call's second window), or, once
+  // settled(), the one to keep.
+  void measured(double samples_per_second);
+  // The next configuration could not be built (it would not fit in memory): keep the best.
+  void refused();
+  bool settled() const { return settled_; }
+  // Every window, in order, then (once settled) the kept configuration.
+  const std::vector<TunerStep>& history() const { return history_; }
+
+ private:
+  void grow_from(const TunerStep& from);
+  void settle();
+
+  TunerOptions options_;
+  TunerStep current_, best_;
+  enum class Phase { Explore, CandidateAgain, BestAgain } phase_ = Phase::Explore;
+  std::vector<double> best_rates_, candidate_rates_;  // the windows behind best_ and a close candidate
+  TunerStep candidate_;
+  bool settled_ = false;
+  std::vector<TunerStep> history_;
+};
+
+}  // namespace quiver

@@ -1,0 +1,135 @@
+// The learner-count tuner's decisions, fed windows of chosen samples/s: Crossbow's rule (add a
+// learner while samples/s rises by more than the threshold, then keep the best), a close call
+// measured twice in A B B A order, and a refused configuration.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/learner_tuner.h"
+
+namespace quiver {
+namespace {
+
+TunerOptions on_cores(int cores, int max_learners) {
+  TunerOptions options;
+  options.cores = cores;
+  options.max_learners = max_learners;
+  return options;
+}
+
+// Feeds `rates` as windows of whatever the tuner asks for; returns what it measured, in order,
+// as learner counts (a kept configuration appended last).
+std::vector<int> run(LearnerTuner& tuner, const std::vector<double>& rates) {
+  std::vector<int> measured;
+  for (double rate : rates) {
+    if (tuner.settled()) break;
+    measured.push_back(tuner.current().learners);
+    tuner.measured(rate);
+  }
+  return measured;
+}
+
+TEST(LearnerTuner, AddsLearnersWhileTheGainIsClearlyAboveTheThreshold) {
+  LearnerTuner tuner(on_cores(8, 8));
+  EXPECT_EQ(tuner.current().learners, 1);
+  EXPECT_EQ(tuner.current().threads_per_learner, 8);
+  // 1: 100, 2: 150 (+50%), 3: 240 (+60%), 4: 200 (worse): keep 3 learners, threads split evenly.
+  EXPECT_EQ(run(tuner, {100, 150, 240, 200}), (std::vector<int>{1, 2, 3, 4}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 3);
+  EXPECT_EQ(tuner.current().threads_per_learner, 2);  // 8 cores / 3
+  EXPECT_EQ(tuner.history().back().learners, 3);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 240);
+  EXPECT_EQ(tuner.history().size(), 5u);  // four windows, then the kept configuration
+}
+
+TEST(LearnerTuner, AClearLossStopsAtOnce) {
+  LearnerTuner tuner(on_cores(2, 4));
+  EXPECT_EQ(run(tuner, {100, 70}), (std::vector<int>{1, 2}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 1);
+  EXPECT_EQ(tuner.current().threads_per_learner, 2);
+}
+
+// A gain of +12% (inside 10% +- 10 points) is measured again: the candidate at once, then the best
+// so far, and the means decide. Here the second windows show the first was luck: keep 1 learner.
+TEST(LearnerTuner, ACloseCallIsMeasuredTwiceAndTheMeansDecide) {
+  LearnerTuner tuner(on_cores(2, 4));
+  EXPECT_EQ(run(tuner, {100, 112, 100, 104}), (std::vector<int>{1, 2, 2, 1}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 1);
+  const std::vector<TunerStep>& history = tuner.history();
+  ASSERT_EQ(history.size(), 5u);
+  EXPECT_FALSE(history[1].again);
+  EXPECT_TRUE(history[2].again);
+  EXPECT_TRUE(history[3].again);
+  EXPECT_DOUBLE_EQ(history.back().samples_per_second, 102);  // the mean of 100 and 104
+
+  // The same close call, confirmed (2 learners: 115 and 121 against 100 and 102): 2 learners win
+  // and the tuner goes on to 3, comparing with their mean, 118.
+  LearnerTuner confirmed(on_cores(2, 4));
+  EXPECT_EQ(run(confirmed, {100, 115, 121, 102, 90}), (std::vector<int>{1, 2, 2, 1, 3}));
+  ASSERT_TRUE(confirmed.settled());
+  EXPECT_EQ(confirmed.current().learners, 2);
+  EXPECT_EQ(confirmed.current().threads_per_learner, 1);
+  EXPECT_DOUBLE_EQ(confirmed.history().back().samples_per_second, 118);
+}
+
+// Gains far from the threshold are not measured twice; a band of 0 never measures twice.
+TEST(LearnerTuner, OnlyCloseCallsAreMeasuredTwice) {
+  LearnerTuner clear(on_cores(4, 4));
+  EXPECT_EQ(run(clear, {100, 125, 100}), (std::vector<int>{1, 2, 3}));
+  TunerOptions no_band = on_cores(4, 4);
+  no_band.confirm_band = 0.0;
+  LearnerTuner once(no_band);
+  EXPECT_EQ(run(once, {100, 112, 100}), (std::vector<int>{1, 2, 3}));
+  ASSERT_TRUE(once.settled());
+  EXPECT_EQ(once.current().learners, 2);
+}
+
+TEST(LearnerTuner, StopsAtTheMostLearnersAndWhenRefused) {
+  LearnerTuner capped(on_cores(4, 2));
+  EXPECT_EQ(run(capped, {100, 200}), (std::vector<int>{1, 2}));
+  ASSERT_TRUE(capped.settled());
+  EXPECT_EQ(capped.current().learners, 2);
+
+  LearnerTuner refused(on_cores(4, 8));
+  run(refused, {100, 200});
+  EXPECT_EQ(refused.current().learners, 3);  // asked for; it would not fit in memory
+  refused.refused();
+  ASSERT_TRUE(refused.settled());
+  EXPECT_EQ(refused.current().learners, 2);
+  EXPECT_EQ(refused.history().back().learners, 2);
+}
+
+// On GPUs the tuner adds one learner per device at a time, and threads do not shrink below one.
+TEST(LearnerTuner, StepsByDevicesAndKeepsAThreadPerLearner) {
+  TunerOptions devices = on_cores(1, 8);
+  devices.step = 2;
+  LearnerTuner tuner(devices);
+  EXPECT_EQ(run(tuner, {100, 150, 100}), (std::vector<int>{2, 4, 6}));
+  EXPECT_EQ(tuner.current().learners, 4);
+  EXPECT_EQ(tuner.current().threads_per_learner, 1);
+}
+
+TEST(LearnerTuner, RejectsBadOptionsAndWindows) {
+  TunerOptions bad = on_cores(0, 4);
+  EXPECT_THROW(LearnerTuner{bad}, Error);
+  bad = on_cores(2, 4);
+  bad.step = 5;  // more than max learners
+  EXPECT_THROW(LearnerTuner{bad}, Error);
+  bad = on_cores(2, 4);
+  bad.confirm_band = -0.1;
+  EXPECT_THROW(LearnerTuner{bad}, Error);
+  LearnerTuner tuner(on_cores(2, 4));
+  EXPECT_THROW(tuner.measured(0.0), Error);
+  EXPECT_THROW(tuner.measured(-5.0), Error);
+  tuner.measured(100);
+  tuner.measured(50);
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_THROW(tuner.measured(100), Error);
+}
+
+}  // namespace
+}  // namespace quiver
