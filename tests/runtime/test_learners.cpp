@@ -7,7 +7,6 @@
 #include <chrono>
 #include <future>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "core/error.h"
@@ -132,9 +131,12 @@ TrainOptions recipe() {
 
 // The step a "training stopped: loss is nan at step N" error names; -1 when it names none.
 int64_t step_named(const Error& error) {
-  std::smatch match;
   const std::string message = error.what();
-  return std::regex_search(message, match, std::regex("at step ([0-9]+)")) ? std::stoll(match[1]) : -1;
+  const size_t at = message.find("at step ");
+  if (at == std::string::npos) return -1;
+  const size_t digits = at + 8;
+  const size_t end = message.find_first_not_of("0123456789", digits);
+  return end == digits ? -1 : std::stoll(message.substr(digits, end - digits));
 }
 
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
