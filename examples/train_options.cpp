@@ -77,8 +77,8 @@ std::string train_usage() {
          "                         'none' for no cache\n"
          "  --explain              after training, print each op's grant, predicted and\n"
          "                         measured time and bottom level (not with --learners)\n"
-         "  --trace FILE           write a Chrome trace of every op execution (Perfetto;\n"
-         "                         not with --learners)\n"
+         "  --trace FILE           write a Chrome trace of every op execution (Perfetto; with\n"
+         "                         --learners a row per learner, the feeder and the SMA pass)\n"
          "  --learners N|auto      train N replicas at once, kept consistent by synchronous\n"
          "                         model averaging (SMA); auto tunes N while training\n"
          "                         (default: one model, no SMA)\n"
@@ -228,8 +228,6 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
   if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
   if (multi && command.explain) throw Error("--explain: single-model training only (not with --learners)");
-  if (multi && !command.train.trace_path.empty())
-    throw Error("--trace: single-model training only (not with --learners)");
   if (command.learners_auto && command.threads_per_learner > 0)
     throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
   if (multi && !command.learners_auto && command.threads_per_learner > 0 &&

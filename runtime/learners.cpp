@@ -67,6 +67,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   average.threads = options.threads_per_learner;
+  average.trace_path.clear();  // the group traces every learner into one file (trace_)
+  if (!train_.trace_path.empty()) trace_ = std::make_unique<Trace>();
   if (options.devices < 1) throw Error(cat("devices: need at least 1, got ", options.devices));
   if (train_.device.is_cpu() && options.devices != 1)
     throw Error(cat("devices: ", options.devices, " devices asked for, but the learners are on the CPU"));
@@ -94,12 +96,14 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   replica.threads = threads_per_learner;
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
+  replica.trace_path.clear();
   std::vector<std::unique_ptr<Learner>> built;
   const int per_device = (learners + static_cast<int>(devices_.size()) - 1) / static_cast<int>(devices_.size());
   for (int j = 0; j < learners; ++j) {
     auto learner = std::make_unique<Learner>();
     replica.device = devices_[j % devices_.size()];
     learner->trainer = std::make_unique<Trainer>(model_, replica);
+    if (trace_) learner->trainer->train_plan().set_trace(trace_.get(), j, rounds_done_ + 1);  // steps = rounds
     if (j < static_cast<int>(devices_.size())) {
       // The first replica on a device exists already: the others need their share of what is left.
       const Device device = replica.device;
@@ -183,6 +187,13 @@ bool LearnerGroup::alone() const {
   return learners_.size() == 1 && options_.sma.alpha < 0.0 && options_.sync == Sync::Sma;
 }
 
+void LearnerGroup::trace_group_work(const char* name, const char* kind, int64_t start_us, int64_t round,
+                                    int learner) const {
+  if (!trace_) return;
+  trace_->record(TraceEvent{name, kind, "", start_us, trace_->now_us() - start_us, trace_thread_index(), 1, round,
+                            learner});
+}
+
 void LearnerGroup::refresh_average() const {
   if (!average_stale_) return;
   average_->params().flat_params().copy_from(learners_.front()->trainer->params().flat_params());
@@ -235,6 +246,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     snapshots.push_back(learner->snapshot);
     loss += learner->loss;
   }
+  const int64_t sync_start = trace_ ? trace_->now_us() : 0;
   if (alone()) {
     average_stale_ = true;  // z is this learner's model; copied over when someone reads z
   } else if (options_.sync == Sync::Ssgd) {
@@ -250,6 +262,8 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   } else {
     sma_->round(params, snapshots, *sync_budget_);
   }
+  if (!alone())
+    trace_group_work(options_.sync == Sync::Ssgd ? "ssgd update" : "sma round", "sync", sync_start, rounds_done_ + 1);
   ++rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }
@@ -260,14 +274,17 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
 double LearnerGroup::round_within_staleness(const std::vector<const float*>& images,
                                             const std::vector<const int32_t*>& labels) {
   const bool from_velocity = sma_from_velocity();
-  auto task = [this, from_velocity](size_t j, const float* x, const int32_t* y) {
+  const int64_t this_round = rounds_done_ + 1;  // for the trace: tasks run later, on the learners' threads
+  auto task = [this, from_velocity, this_round](size_t j, const float* x, const int32_t* y) {
     Learner& learner = *learners_[j];
     ParamStore& params = learner.trainer->params();
     if (!from_velocity) learner.trainer->train_plan().copy(learner.snapshot, params.flat_params());
     learner.loss = learner.trainer->train_step(x, y);
+    const int64_t absorb_start = trace_ ? trace_->now_us() : 0;
     sma_->absorb(static_cast<int>(j), params.flat_params(),
                  from_velocity ? params.flat_state("velocity") : learner.snapshot, from_velocity,
                  learner.trainer->train_plan().context());
+    trace_group_work("sma absorb", "sync", absorb_start, this_round, static_cast<int>(j));
   };
   for (size_t j = 1; j < learners_.size(); ++j)
     learners_[j]->stream.submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
@@ -404,7 +421,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
       std::vector<Batch>& batches = in_flight.emplace_back();
       images.clear(), labels.clear();
+      const int64_t fetch_start = trace_ ? trace_->now_us() : 0;
       for (int j = 0; j < k; ++j) batches.push_back(batcher.next());
+      trace_group_work("next batches", "feeder", fetch_start, rounds_done_ + 1);  // waits only if the prefetcher fell behind
       for (const Batch& batch : batches) images.push_back(batch.images.data()), labels.push_back(batch.labels.data());
       batches_in_epoch += k;
       batches_done += k;
@@ -475,6 +494,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   report.steps = rounds;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
   report.samples_per_second = samples / std::max(report.seconds, 1e-9);
+  if (trace_) {
+    settle();  // learners still running under a staleness bound record into the trace
+    trace_->write(train_.trace_path);
+  }
   return report;
 }
 

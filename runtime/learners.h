@@ -155,6 +155,9 @@ class LearnerGroup {
   std::function<bool(const Evaluation&)> evaluated_;
   std::vector<TunerStep> history_;
   bool tuned_ = false;
+  // With TrainOptions::trace_path: every learner's ops and the group's work. Declared before the
+  // learners, whose plans record into it, so it outlives them.
+  std::unique_ptr<Trace> trace_;
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only
   std::unique_ptr<SmaSync> sma_;
@@ -167,6 +170,9 @@ class LearnerGroup {
   bool alone() const;
   double round_within_staleness(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   void refresh_average() const;
+  // With a trace (TrainOptions::trace_path): records the group's own work since `start_us` (a
+  // feeder hand-over, a sync pass) in round `round`, as learner `learner`'s when >= 0.
+  void trace_group_work(const char* name, const char* kind, int64_t start_us, int64_t round, int learner = -1) const;
   mutable bool average_stale_ = false;
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;

@@ -279,7 +279,7 @@ void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
     if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (trace_)
       trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start, trace_->now_us() - trace_start,
-                                trace_thread_index(), ctx.threads(), run_index});
+                                trace_thread_index(), ctx.threads(), run_index + trace_step_offset_, trace_learner_});
   } catch (const Error& error) {
     std::string message = error.what();
     if (message.find("'" + node.name + "'") != std::string::npos) throw;

@@ -76,8 +76,13 @@ class Plan {
   // (by position) with the given context; errors are rethrown naming the node.
   int64_t begin_run() { return ++runs_; }
   void run_step(int position, const ExecContext& ctx, int64_t run_index);
-  // Record every op execution of later runs into `trace` (nullptr stops); not owned.
-  void set_trace(Trace* trace) { trace_ = trace; }
+  // Record every op execution of later runs into `trace` (nullptr stops); not owned. Events are
+  // learner `learner`'s when >= 0, and the next run is step `next_step` (default: the run count,
+  // from 1), so a learner's ops carry its group's round.
+  void set_trace(Trace* trace, int learner = -1, int64_t next_step = 0) {
+    trace_ = trace, trace_learner_ = learner;
+    trace_step_offset_ = next_step > 0 ? next_step - (runs_ + 1) : 0;
+  }
 
   const Graph& graph() const { return graph_; }
   const std::vector<PlanStep>& steps() const { return steps_; }
@@ -104,6 +109,8 @@ class Plan {
   std::shared_ptr<ExecContext> context_;
   bool profile_ = false;
   Trace* trace_ = nullptr;
+  int trace_learner_ = -1;
+  int64_t trace_step_offset_ = 0;  // added to the run index in trace events
   int64_t runs_ = 0;
   // Device graphs: on when asked for and the plan is on a device; eager runs since the last
   // (re)capture; the captured graph; why capture failed (graphs then stay off).

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "runtime/atomic_file.h"
@@ -59,12 +60,23 @@ std::vector<TraceEvent> Trace::events() const {
 std::string Trace::json() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  std::set<int> learners;
   for (size_t i = 0; i < events_.size(); ++i) {
     const TraceEvent& e = events_[i];
+    if (e.learner >= 0) learners.insert(e.learner);
     text += cat(i ? ",\n" : "", "{\"name\":\"", escaped(e.name), "\",\"cat\":\"", escaped(e.op),
-                "\",\"ph\":\"X\",\"pid\":1,\"tid\":", e.thread, ",\"ts\":", e.start_us,
+                "\",\"ph\":\"X\",\"pid\":", e.learner + 2, ",\"tid\":", e.thread, ",\"ts\":", e.start_us,
                 ",\"dur\":", e.duration_us, ",\"args\":{\"op\":\"", escaped(e.op), "\",\"kernel\":\"",
-                escaped(e.kernel), "\",\"granted_threads\":", e.granted_threads, ",\"step\":", e.step, "}}");
+                escaped(e.kernel), "\",\"granted_threads\":", e.granted_threads, ",\"step\":", e.step,
+                e.learner >= 0 ? cat(",\"learner\":", e.learner) : std::string(), "}}");
+  }
+  // With learners, name the process rows (metadata events, "ph":"M").
+  if (!learners.empty()) {
+    text += cat(events_.empty() ? "" : ",\n",
+                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"training loop\"}}");
+    for (int learner : learners)
+      text += cat(",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", learner + 2,
+                  ",\"args\":{\"name\":\"learner ", learner, "\"}}");
   }
   return text + "\n]}\n";
 }

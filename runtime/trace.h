@@ -1,6 +1,9 @@
 // Trace: a Chrome trace (Trace Event Format, "X" complete events) of op executions, one event
 // per op run with its node, op, kernel, thread, granted threads and step; opens in Perfetto or
 // chrome://tracing. Recording is thread-safe, so concurrent executors can share one Trace.
+// A learner group's trace puts each learner's ops in a process row of its own ("learner j",
+// pid j + 2) and the group's own work (the feeder's hand-over of batches, the SMA pass) in the
+// "training loop" row (pid 1), where a single model's ops go too.
 // Written atomically (temporary file, then rename): a crash never leaves half a trace.
 #pragma once
 
@@ -19,7 +22,8 @@ struct TraceEvent {
   int64_t start_us = 0, duration_us = 0;  // from the Trace's creation
   int thread = 0;      // small per-process thread index (trace_thread_index)
   int granted_threads = 1;
-  int64_t step = 0;
+  int64_t step = 0;     // the plan's run, or the learner group's round
+  int learner = -1;     // the learner whose op this is; -1: a single model, or the group's own work
 };
 
 class Trace {

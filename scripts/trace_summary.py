@@ -1,34 +1,59 @@
 #!/usr/bin/env python3
 """Summarise a Quiver Chrome trace (quiver-train --trace FILE): per step, the wall time from the
 first op's start to the last op's end, the busy time per thread, and the ops that ran side by side
-(overlapping in time), with their granted threads.
+(overlapping in time), with their granted threads. A learner group's trace is summarised per
+learner and step; --feeder sums up instead how long the training loop waited for each round's
+batches (the "next batches" events) against the rounds' length.
 
-usage: scripts/trace_summary.py TRACE.json [--step N]
+usage: scripts/trace_summary.py TRACE.json [--step N] [--feeder]
 """
 import argparse
 import json
 import sys
 
 
+def feeder_summary(events):
+    waits = sorted(e["dur"] for e in events if e.get("cat") == "feeder")
+    if not waits:
+        print("no feeder events: a trace of quiver-train --learners has them")
+        return 1
+    rounds = {}
+    for e in events:
+        if e["pid"] >= 2:  # a learner's op: the round's span, over every learner
+            begin, end = rounds.get(e["args"]["step"], (e["ts"], e["ts"] + e["dur"]))
+            rounds[e["args"]["step"]] = (min(begin, e["ts"]), max(end, e["ts"] + e["dur"]))
+    spans = sorted(end - begin for begin, end in rounds.values())
+    pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))]
+    print(f"feeder: {len(waits)} hand-overs of a round's batches; wait median {pick(waits, 0.5)} us, "
+          f"90th percentile {pick(waits, 0.9)} us, max {waits[-1]} us, total {sum(waits)} us")
+    if spans:
+        print(f"rounds: {len(spans)}; learners' steps span median {pick(spans, 0.5)} us a round; "
+              f"the feeder's waits are {100.0 * sum(waits) / max(1, sum(spans)):.2f}% of that time")
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(prog="trace_summary.py", description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("trace", help="a trace written by quiver-train --trace")
     parser.add_argument("--step", type=int, help="summarise this step only")
+    parser.add_argument("--feeder", action="store_true", help="the feeder's waits (a learner group's trace)")
     args = parser.parse_args(argv[1:])
     try:
         with open(args.trace) as f:
-            events = json.load(f)["traceEvents"]
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"trace_summary: {args.trace}: not a readable Chrome trace ({error})", file=sys.stderr)
         return 1
+    if args.feeder:
+        return feeder_summary(events)
     only = args.step
     steps = {}
     for e in events:
-        steps.setdefault(e["args"]["step"], []).append(e)
-    for step in sorted(steps):
+        steps.setdefault((e["pid"], e["args"]["step"]), []).append(e)
+    for pid, step in sorted(steps):
         if only is not None and step != only:
             continue
-        ops = sorted(steps[step], key=lambda e: e["ts"])
+        ops = sorted(steps[(pid, step)], key=lambda e: e["ts"])
         begin = ops[0]["ts"]
         end = max(e["ts"] + e["dur"] for e in ops)
         busy = {}
@@ -43,7 +68,8 @@ def main(argv):
                 if overlap > 0:
                     pairs.append((overlap, a, b))
         threads = ", ".join(f"thread {t}: {us} us" for t, us in sorted(busy.items()))
-        print(f"step {step}: {end - begin} us wall, {len(ops)} ops; busy {threads}")
+        who = f"learner {pid - 2}, " if pid >= 2 else ""
+        print(f"{who}step {step}: {end - begin} us wall, {len(ops)} ops; busy {threads}")
         for overlap, a, b in sorted(pairs, key=lambda p: -p[0])[:8]:
             print(f"  {overlap:6d} us side by side: {a['name']} ({a['args']['granted_threads']} thr, thread {a['tid']})"
                   f" | {b['name']} ({b['args']['granted_threads']} thr, thread {b['tid']})")

@@ -49,6 +49,7 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(c.sync, "sma");
   EXPECT_EQ(parse_train_command({"--learners", "2", "--sync", "ssgd"}).sync, "ssgd");
   EXPECT_TRUE(parse_train_command({"--learners", "auto"}).learners_auto);
+  EXPECT_EQ(parse_train_command({"--learners", "2", "--trace", "t.json"}).train.trace_path, "t.json");
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -94,7 +95,6 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--lr", "fast"}, "--lr"}, BadFlag{{"--max-steps", "-5"}, "--max-steps"}, BadFlag{{"--eval-every", "-1"}, "--eval-every"},
                       BadFlag{{"--data", "--quiet"}, "--data"},
                       BadFlag{{"--learners", "2", "--explain"}, "--explain"},
-                      BadFlag{{"--learners", "auto", "--trace", "t.json"}, "--trace"},
                       BadFlag{{"--seed", "x"}, "--seed"}, BadFlag{{"--optimizer", "rmsprop"}, "--optimizer"},
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
                       BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},

@@ -5,10 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/learners.h"
 #include "runtime/trainer.h"
 
 namespace quiver {
@@ -55,6 +57,68 @@ TEST(Trace, TrainingStepsWriteValidChromeTrace) {
   std::filesystem::remove(path);
 }
 
+// A learner group's trace: each learner's ops in a process row of its own (pid j + 2, named
+// "learner j"), and in the training loop's row (pid 1) one feeder hand-over and one SMA pass per
+// round; under a staleness bound each learner's absorption is on its own row.
+TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
+  Dataset data;
+  data.count = 64, data.rows = 28, data.cols = 28;
+  for (int64_t i = 0; i < data.count * 784; ++i) data.images.push_back(static_cast<float>(i % 97) / 97.0f);
+  for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>(i % 10));
+  for (int staleness : {0, 1}) {
+    const std::filesystem::path path =
+        std::filesystem::temp_directory_path() / cat("quiver_test_learners_trace_", staleness, ".json");
+    TrainOptions train;
+    train.batch = 8;
+    train.eval_batch = 8;
+    train.policy = "serial";
+    train.trace_path = path.string();
+    LearnerOptions options{2, 1, SmaOptions{}};
+    options.staleness = staleness;
+    LearnerGroup group(models::mlp(), train, options);
+    const TrainReport report = group.fit(data, nullptr, 1);  // 8 batches: 4 rounds of 2
+    ASSERT_EQ(report.steps, 4);
+    std::ifstream in(path);
+    const nlohmann::json document = nlohmann::json::parse(in);
+    std::map<int, std::string> process_names;
+    std::map<std::string, int> loop_work;  // the training loop's events by name
+    std::map<int, std::set<int64_t>> steps_of;  // learner -> the steps its ops ran in
+    int absorbs = 0;
+    for (const auto& event : document.at("traceEvents")) {
+      const int pid = event.at("pid");
+      if (event.at("ph") == "M") {
+        process_names[pid] = event.at("args").at("name");
+        continue;
+      }
+      const auto& args = event.at("args");
+      if (pid == 1) {
+        EXPECT_FALSE(args.contains("learner"));
+        ++loop_work[event.at("name")];
+        EXPECT_EQ(event.at("cat"), event.at("name") == "next batches" ? "feeder" : "sync");
+        continue;
+      }
+      ASSERT_TRUE(pid == 2 || pid == 3) << pid;
+      EXPECT_EQ(args.at("learner"), pid - 2);
+      if (event.at("name") == "sma absorb")
+        ++absorbs;
+      else
+        steps_of[pid - 2].insert(args.at("step").get<int64_t>());
+    }
+    EXPECT_EQ(process_names, (std::map<int, std::string>{{1, "training loop"}, {2, "learner 0"}, {3, "learner 1"}}));
+    EXPECT_EQ(loop_work["next batches"], 4) << "one hand-over of the round's batches per round";
+    EXPECT_EQ(steps_of[0], (std::set<int64_t>{1, 2, 3, 4}));
+    EXPECT_EQ(steps_of[1], (std::set<int64_t>{1, 2, 3, 4}));
+    if (staleness == 0) {
+      EXPECT_EQ(loop_work["sma round"], 4);
+      EXPECT_EQ(absorbs, 0);
+    } else {
+      EXPECT_EQ(loop_work.count("sma round"), 0u);
+      EXPECT_EQ(absorbs, 8) << "each learner absorbs its correction once a round";
+    }
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(Trace, UnwritablePathIsNamed) {
   Trace trace;
   try {
@@ -67,7 +131,7 @@ TEST(Trace, UnwritablePathIsNamed) {
 
 TEST(Trace, NamesAreEscaped) {
   Trace trace;
-  trace.record(TraceEvent{"a \"quoted\" \\ name\n", "op", "k", 0, 1, 0, 1, 1});
+  trace.record(TraceEvent{"a \"quoted\" \\ name\n", "op", "k", 0, 1, 0, 1, 1, -1});
   nlohmann::json document = nlohmann::json::parse(trace.json());
   EXPECT_EQ(document.at("traceEvents").at(0).at("name"), "a \"quoted\" \\ name\n");
 }
