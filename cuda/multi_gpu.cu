@@ -43,29 +43,16 @@ __global__ void move_kernel(float* z, float* previous_move, const float* move, f
     math::sma_move(z[i], previous_move[i], move[i], mu_z);
 }
 
-// Communicators per ordered list of devices, made on first use and kept for the process.
-std::mutex communicators_mutex;
-std::map<std::vector<int>, std::vector<ncclComm_t>> communicators_cache;
-
+// Communicators per ordered list of devices, made on first use.
 std::vector<ncclComm_t>& communicators(const std::vector<int>& devices) {
-  std::lock_guard lock(communicators_mutex);
-  auto found = communicators_cache.find(devices);
-  if (found != communicators_cache.end()) return found->second;
+  static std::mutex mutex;
+  static std::map<std::vector<int>, std::vector<ncclComm_t>> cache;
+  std::lock_guard lock(mutex);
+  auto found = cache.find(devices);
+  if (found != cache.end()) return found->second;
   std::vector<ncclComm_t> comms(devices.size());
   QUIVER_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
-  return communicators_cache.emplace(devices, std::move(comms)).first->second;
-}
-
-// After a failed group: some devices' all-reduces may be queued without their peers and would
-// wait for them forever. Aborting the communicators ends those operations (NCCL: "aborts any
-// uncompleted operations"); the next round makes new ones. Never throws: it runs while an error
-// is on its way out.
-void abandon_communicators(const std::vector<int>& devices) noexcept {
-  std::lock_guard lock(communicators_mutex);
-  auto found = communicators_cache.find(devices);
-  if (found == communicators_cache.end()) return;
-  for (ncclComm_t comm : found->second) ncclCommAbort(comm);
-  communicators_cache.erase(found);
+  return cache.emplace(devices, std::move(comms)).first->second;
 }
 
 }  // namespace
@@ -104,25 +91,18 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     std::vector<ncclComm_t>& comms = communicators(devices);
     QUIVER_NCCL_CHECK(ncclGroupStart());
     // A failed call inside the group must still close it, or every later NCCL call on this
-    // thread would be deferred forever; closing it may launch the all-reduces queued so far
-    // without their peers, so the communicators are then aborted.
+    // thread would be deferred forever.
     struct GroupEnd {
-      const std::vector<int>& devices;
       bool armed = true;
       ~GroupEnd() {
-        if (!armed) return;
-        ncclGroupEnd();
-        abandon_communicators(devices);
+        if (armed) ncclGroupEnd();
       }
-    } group_end{devices};
+    } group_end;
     for (size_t d = 0; d < shards.size(); ++d)
       QUIVER_NCCL_CHECK(ncclAllReduce(moves[d], moves[d], static_cast<size_t>(count), ncclFloat, ncclSum, comms[d],
                                       streams[d]->stream()));
     group_end.armed = false;
-    if (const ncclResult_t status = ncclGroupEnd(); status != ncclSuccess) {
-      abandon_communicators(devices);
-      QUIVER_NCCL_CHECK(status);
-    }
+    QUIVER_NCCL_CHECK(ncclGroupEnd());
   }
   for (size_t d = 0; d < shards.size(); ++d) {
     use_device(devices[d]);
