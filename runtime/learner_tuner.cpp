@@ -34,6 +34,7 @@ void LearnerTuner::measured(double samples_per_second) {
   window.samples_per_second = samples_per_second;
   window.again = phase_ != Phase::Explore;
   history_.push_back(window);
+  last_ = window;
   const double bar = 1.0 + options_.threshold;
   switch (phase_) {
     case Phase::Explore: {
@@ -44,6 +45,8 @@ void LearnerTuner::measured(double samples_per_second) {
       const double gain = samples_per_second / best_.samples_per_second;
       if (std::abs(gain - bar) <= options_.confirm_band) {  // a close call: the candidate again
         candidate_ = window, candidate_rates_ = {samples_per_second};
+        // The best's latest window only, so its two sides straddle the candidate's (A B B A).
+        best_rates_ = {best_rates_.back()};
         phase_ = Phase::CandidateAgain;
         return;
       }
@@ -73,7 +76,18 @@ void LearnerTuner::measured(double samples_per_second) {
 }
 
 void LearnerTuner::refused() {
-  if (!settled_) settle();
+  if (history_.empty()) throw Error("learner tuner: refused() before any window");
+  auto same = [](const TunerStep& a, const TunerStep& b) {
+    return a.learners == b.learners && a.threads_per_learner == b.threads_per_learner;
+  };
+  if (settled_) history_.pop_back(), settled_ = false;  // the kept entry changes
+  TunerStep stay = last_;
+  if (same(stay, best_))
+    stay = best_;
+  else if (same(stay, candidate_) && !candidate_rates_.empty())
+    stay.samples_per_second = mean(candidate_rates_);
+  best_ = stay;
+  settle();
 }
 
 void LearnerTuner::grow_from(const TunerStep& from) {

@@ -41,7 +41,10 @@ class LearnerTuner {
   // configuration to measure (the same one for a close call's second window), or, once
   // settled(), the one to keep.
   void measured(double samples_per_second);
-  // The next configuration could not be built (it would not fit in memory): keep the best.
+  // The configuration current() asked for could not be built (it would not fit in memory): the
+  // group stays in the configuration of the last window, and the tuner settles there, with the
+  // mean of that configuration's windows in the comparison under way. (A refused growth keeps the
+  // best so far; a refused way back keeps the configuration being compared with it.)
   void refused();
   bool settled() const { return settled_; }
   // Every window, in order, then (once settled) the kept configuration.
@@ -52,7 +55,7 @@ class LearnerTuner {
   void settle();
 
   TunerOptions options_;
-  TunerStep current_, best_;
+  TunerStep current_, best_, last_;  // last_: the configuration of the latest window
   enum class Phase { Explore, CandidateAgain, BestAgain } phase_ = Phase::Explore;
   std::vector<double> best_rates_, candidate_rates_;  // the windows behind best_ and a close candidate
   TunerStep candidate_;

@@ -455,10 +455,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
             try {
               resize(next.learners, next.threads_per_learner);  // refused when it would not fit in memory
             } catch (const Error&) {
-              tuner->refused();  // keep the best so far, which did fit
-              const TunerStep kept = tuner->current();
-              if (kept.learners != learners() || kept.threads_per_learner != threads_per_learner_)
-                resize(kept.learners, kept.threads_per_learner);
+              tuner->refused();  // the group stays in the configuration just measured, and so does the tuner
             }
           }
           history_ = tuner->history();

@@ -103,6 +103,43 @@ TEST(LearnerTuner, StopsAtTheMostLearnersAndWhenRefused) {
   EXPECT_EQ(refused.history().back().learners, 2);
 }
 
+// Refused: the group stays in the configuration of the last window, and so does the tuner.
+TEST(LearnerTuner, ARefusedWayBackKeepsWhereTheGroupIs) {
+  // A close call (+12%), the candidate again, then the way back to 1 learner is refused: keep 2,
+  // with the mean of its two windows.
+  LearnerTuner close(on_cores(2, 4));
+  EXPECT_EQ(run(close, {100, 112, 115}), (std::vector<int>{1, 2, 2}));
+  EXPECT_EQ(close.current().learners, 1);
+  close.refused();
+  ASSERT_TRUE(close.settled());
+  EXPECT_EQ(close.current().learners, 2);
+  EXPECT_DOUBLE_EQ(close.history().back().samples_per_second, 113.5);
+  // A clear loss settles on the best, and the way back to it is refused: keep the loser.
+  LearnerTuner lost(on_cores(4, 4));
+  EXPECT_EQ(run(lost, {100, 200, 150}), (std::vector<int>{1, 2, 3}));
+  ASSERT_TRUE(lost.settled());
+  EXPECT_EQ(lost.current().learners, 2);
+  const size_t entries = lost.history().size();
+  lost.refused();
+  EXPECT_TRUE(lost.settled());
+  EXPECT_EQ(lost.current().learners, 3);
+  EXPECT_EQ(lost.history().size(), entries);  // the kept entry was replaced, not added
+  EXPECT_DOUBLE_EQ(lost.history().back().samples_per_second, 150);
+}
+
+// After a close call promoted a candidate, the next close call compares with the best's latest
+// window only, so the two configurations' windows straddle each other (B C C B).
+TEST(LearnerTuner, TheNextCloseCallUsesTheBestsLatestWindow) {
+  LearnerTuner tuner(on_cores(4, 4));
+  // 2 learners win a close call (115, 121 against 100, 102); 3 learners are another close call
+  // (135 / mean 118 = +14%), measured again (130), then 2 learners again (125): 132.5 against
+  // (121 + 125) / 2 = 123 x 1.1 = 135.3, so 2 learners stay.
+  EXPECT_EQ(run(tuner, {100, 115, 121, 102, 135, 130, 125}), (std::vector<int>{1, 2, 2, 1, 3, 3, 2}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 123);
+}
+
 // On GPUs the tuner adds one learner per device at a time, and threads do not shrink below one.
 TEST(LearnerTuner, StepsByDevicesAndKeepsAThreadPerLearner) {
   TunerOptions devices = on_cores(1, 8);
