@@ -3,7 +3,9 @@
 // chrome://tracing. Recording is thread-safe, so concurrent executors can share one Trace.
 // A learner group's trace puts each learner's ops in a process row of its own ("learner j",
 // pid j + 2) and the group's own work (the feeder's hand-over of batches, the SMA pass) in the
-// "training loop" row (pid 1), where a single model's ops go too.
+// "training loop" row (pid 1), where a single model's ops go too; under a staleness bound each
+// learner absorbs its own correction, so "sma absorb" is in that learner's row. A traced plan
+// runs eagerly (no CUDA graph replay), so a traced run on a GPU is not a timing reference.
 // Written atomically (temporary file, then rename): a crash never leaves half a trace.
 #pragma once
 
