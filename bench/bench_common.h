@@ -70,6 +70,13 @@ auto for_flag(const std::string& flag, Parse&& parse) {
   }
 }
 
+// A staleness bound runs on CPU learners only (LearnerGroup refuses it elsewhere): refused here
+// before any training, naming the flag.
+inline void check_staleness_on(const Device& device, bool any_staleness) {
+  if (any_staleness && !device.is_cpu())
+    throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+}
+
 // The model names given to `flag`, each checked.
 inline std::vector<std::string> model_names(const std::string& flag, const std::string& text) {
   std::vector<std::string> names = split(flag, text);

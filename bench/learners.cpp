@@ -71,8 +71,7 @@ Options parse(int argc, char** argv) {
     o.learners.clear();
     for (const std::string& k : bench::split(flag, value)) o.learners.push_back(bench::to_int(flag, k, 256));
   }
-  if (!o.device.is_cpu() && std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; }))
-    throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+  bench::check_staleness_on(o.device, std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; }));
   return o;
 }
 

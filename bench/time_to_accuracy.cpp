@@ -100,8 +100,7 @@ int main(int argc, char** argv) {
             cat("unknown option '", flag, "' (--models --max-epochs --evals-per-epoch --device --staleness --output)"));
       }
     }
-    if (staleness > 0 && !device.is_cpu())
-      throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+    bench::check_staleness_on(device, staleness > 0);
   } catch (const Error& error) {
     std::fprintf(stderr, "quiver-bench-time-to-accuracy: %s\n", error.what());
     return 2;

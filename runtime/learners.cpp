@@ -246,7 +246,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     snapshots.push_back(learner->snapshot);
     loss += learner->loss;
   }
-  const int64_t sync_start = trace_ ? trace_->now_us() : 0;
+  const int64_t sync_start = trace_clock();
   if (alone()) {
     average_stale_ = true;  // z is this learner's model; copied over when someone reads z
   } else if (options_.sync == Sync::Ssgd) {
@@ -280,7 +280,7 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
     ParamStore& params = learner.trainer->params();
     if (!from_velocity) learner.trainer->train_plan().copy(learner.snapshot, params.flat_params());
     learner.loss = learner.trainer->train_step(x, y);
-    const int64_t absorb_start = trace_ ? trace_->now_us() : 0;
+    const int64_t absorb_start = trace_clock();
     sma_->absorb(static_cast<int>(j), params.flat_params(),
                  from_velocity ? params.flat_state("velocity") : learner.snapshot, from_velocity,
                  learner.trainer->train_plan().context());
@@ -421,7 +421,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
       std::vector<Batch>& batches = in_flight.emplace_back();
       images.clear(), labels.clear();
-      const int64_t fetch_start = trace_ ? trace_->now_us() : 0;
+      const int64_t fetch_start = trace_clock();
       for (int j = 0; j < k; ++j) batches.push_back(batcher.next());
       trace_group_work("next batches", "feeder", fetch_start, rounds_done_ + 1);  // waits only if the prefetcher fell behind
       for (const Batch& batch : batches) images.push_back(batch.images.data()), labels.push_back(batch.labels.data());

@@ -173,6 +173,7 @@ class LearnerGroup {
   // With a trace (TrainOptions::trace_path): records the group's own work since `start_us` (a
   // feeder hand-over, a sync pass) in round `round`, as learner `learner`'s when >= 0.
   void trace_group_work(const char* name, const char* kind, int64_t start_us, int64_t round, int learner = -1) const;
+  int64_t trace_clock() const { return trace_ ? trace_->now_us() : 0; }  // a start for trace_group_work
   mutable bool average_stale_ = false;
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
