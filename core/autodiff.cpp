@@ -1,5 +1,6 @@
 #include "core/autodiff.h"
 
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -107,6 +108,10 @@ void check_backward_built(const Graph& graph) {
 void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions& options) {
   Graph& graph = builder.graph();
   check_backward_built(graph);
+  if (!(options.momentum >= 0.0 && options.momentum < 1.0))
+    throw Error(cat("sgd: momentum must be in [0, 1), got ", options.momentum));
+  if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
+    throw Error(cat("sgd: weight decay must be finite and >= 0, got ", options.weight_decay));
   for (size_t index = 0; index < graph.params().size(); ++index) {
     ParamInfo param = graph.params()[index];
     Value velocity = builder.state(static_cast<int>(index), "velocity");
@@ -121,6 +126,13 @@ void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
                      const AdamOptions& options) {
   Graph& graph = builder.graph();
   check_backward_built(graph);
+  // beta = 1 would divide by zero in the bias correction; epsilon = 0 would turn a zero gradient into 0/0.
+  if (!(options.beta1 >= 0.0 && options.beta1 < 1.0)) throw Error(cat("adam: beta1 must be in [0, 1), got ", options.beta1));
+  if (!(options.beta2 >= 0.0 && options.beta2 < 1.0)) throw Error(cat("adam: beta2 must be in [0, 1), got ", options.beta2));
+  if (!(options.epsilon > 0.0 && std::isfinite(options.epsilon)))
+    throw Error(cat("adam: epsilon must be finite and > 0, got ", options.epsilon));
+  if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
+    throw Error(cat("adam: weight decay must be finite and >= 0, got ", options.weight_decay));
   for (size_t index = 0; index < graph.params().size(); ++index) {
     ParamInfo param = graph.params()[index];
     Value first_moment = builder.state(static_cast<int>(index), "adam_m");

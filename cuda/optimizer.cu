@@ -28,11 +28,12 @@ __global__ void adam_kernel(float* w, float* m, float* v, const float* g, const 
                             const float* step, int64_t count, float beta1, float beta2,
                             float epsilon, float weight_decay) {
   const float rate = lr[0], t = step[0];
+  const math::AdamCorrection correction = math::adam_correction(beta1, beta2, t);  // once per thread
   for (int64_t i = first_index(); i < count; i += grid_stride()) {
-    if (t < 1.0f)
+    if (!(t >= 1.0f))
       w[i] = kNaN;  // the CPU kernel throws: "step must be >= 1"
     else
-      math::adam_step(w[i], m[i], v[i], g[i], rate, beta1, beta2, epsilon, weight_decay, t);
+      math::adam_step(w[i], m[i], v[i], g[i], rate, beta1, beta2, epsilon, weight_decay, correction);
   }
 }
 

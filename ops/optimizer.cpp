@@ -6,6 +6,7 @@ namespace {
 
 std::vector<TensorType> infer_update(const InferContext& ctx, size_t inputs, size_t tensors) {
   expect_inputs(ctx, inputs);
+  for (size_t i = 0; i < inputs; ++i) expect_dtype(ctx, static_cast<int>(i), DType::F32);  // lr and step too
   for (size_t i = 1; i < tensors; ++i)
     if (ctx.shape(static_cast<int>(i)) != ctx.shape(0))
       ctx.fail(cat("input ", i, " ", ctx.shape(static_cast<int>(i)).str(),
@@ -39,10 +40,11 @@ KernelFn prepare_adam(const KernelSpec& spec) {
     float* v = call.inputs[3].f32();
     float lr = call.inputs[4].f32()[0];
     float step = call.inputs[5].f32()[0];
-    if (step < 1.0f) throw Error(cat("adam_update '", call.node.name, "': step must be >= 1, got ", step));
+    if (!(step >= 1.0f)) throw Error(cat("adam_update '", call.node.name, "': step must be >= 1, got ", step));
+    const math::AdamCorrection correction = math::adam_correction(beta1, beta2, step);
     call.ctx.parallel_for(call.inputs[0].numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
-        math::adam_step(w[i], m[i], v[i], g[i], lr, beta1, beta2, epsilon, weight_decay, step);
+        math::adam_step(w[i], m[i], v[i], g[i], lr, beta1, beta2, epsilon, weight_decay, correction);
     });
   };
 }

@@ -16,14 +16,26 @@ QUIVER_HD inline void sgd_step(float& w, float& v, float g, float lr, float mome
   w += v;
 }
 
-// Adam with bias correction; `step` counts updates from 1.
+// Adam's bias corrections for update `step` (1-based): 1/(1 - beta^step) for each moment. They
+// are the same for every element, so a kernel computes them once per update (in double), not per
+// element: a powf per element kept the loop scalar and cost more than the step's GEMMs.
+struct AdamCorrection {
+  float first = 1.0f, second = 1.0f;
+};
+
+QUIVER_HD inline AdamCorrection adam_correction(float beta1, float beta2, float step) {
+  return {static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)))),
+          static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step))))};
+}
+
+// Adam with bias correction (`correction` from adam_correction for this update's step).
 QUIVER_HD inline void adam_step(float& w, float& m, float& v, float g, float lr, float beta1,
-                                float beta2, float epsilon, float wd, float step) {
+                                float beta2, float epsilon, float wd, AdamCorrection correction) {
   g += wd * w;
   m = beta1 * m + (1.0f - beta1) * g;
   v = beta2 * v + (1.0f - beta2) * g * g;
-  float m_hat = m / (1.0f - std::pow(beta1, step));
-  float v_hat = v / (1.0f - std::pow(beta2, step));
+  const float m_hat = m * correction.first;
+  const float v_hat = v * correction.second;
   w -= lr * m_hat / (std::sqrt(v_hat) + epsilon);
 }
 

@@ -151,7 +151,7 @@ constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEpsilon = 1e-8f;
 TEST(KernelMath, AdamStepOneIsBiasCorrected) {
   for (float g : {0.5f, -3.0f, 1e-3f, 40.0f}) {
     float w = 1.0f, m = 0.0f, v = 0.0f;
-    math::adam_step(w, m, v, g, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f, 1.0f);
+    math::adam_step(w, m, v, g, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f, math::adam_correction(kBeta1, kBeta2, 1.0f));
     EXPECT_NEAR(m, 0.1 * g, 1e-6 * std::fabs(g)) << "g = " << g;
     EXPECT_NEAR(v, 0.001 * g * g, 1e-6 * g * g) << "g = " << g;
     EXPECT_NEAR(w, 1.0 - 0.01 * (g > 0 ? 1.0 : -1.0), 1e-6) << "g = " << g;
@@ -163,7 +163,8 @@ TEST(KernelMath, AdamStepOneIsBiasCorrected) {
 TEST(KernelMath, AdamWithConstantGradientMovesByTheLearningRateEachStep) {
   float w = 0.5f, m = 0.0f, v = 0.0f;
   for (int step = 1; step <= 5; ++step) {
-    math::adam_step(w, m, v, -0.2f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f, static_cast<float>(step));
+    math::adam_step(w, m, v, -0.2f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f,
+                    math::adam_correction(kBeta1, kBeta2, static_cast<float>(step)));
     EXPECT_NEAR(w, 0.5 + 0.01 * step, 1e-6) << "step " << step;
     EXPECT_NEAR(m, -0.2 * (1.0 - std::pow(0.9, step)), 1e-6) << "step " << step;
   }
@@ -176,7 +177,7 @@ TEST(KernelMath, AdamMatchesClosedFormMidTraining) {
     const float w0 = unit(rng), m0 = 0.1f * unit(rng), v0 = 0.01f * std::fabs(unit(rng)), g = unit(rng);
     const float lr = 0.003f, wd = 0.01f, step = static_cast<float>(2 + trial % 7);
     float w = w0, m = m0, v = v0;
-    math::adam_step(w, m, v, g, lr, kBeta1, kBeta2, kEpsilon, wd, step);
+    math::adam_step(w, m, v, g, lr, kBeta1, kBeta2, kEpsilon, wd, math::adam_correction(kBeta1, kBeta2, step));
     // The closed form in double, with the float constants the kernel gets.
     const double b1 = kBeta1, b2 = kBeta2;
     const double ge = g + static_cast<double>(wd) * w0;
@@ -193,7 +194,8 @@ TEST(KernelMath, AdamMatchesClosedFormMidTraining) {
 // gradient on a large weight still moves the weight down.
 TEST(KernelMath, AdamWeightDecayEntersTheGradient) {
   float w = 1.0f, m = 0.0f, v = 0.0f;
-  math::adam_step(w, m, v, -0.005f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.01f, 1.0f);  // g + wd*w = 0.005
+  math::adam_step(w, m, v, -0.005f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.01f,  // g + wd*w = 0.005
+                  math::adam_correction(kBeta1, kBeta2, 1.0f));
   EXPECT_NEAR(m, 0.1 * 0.005, 1e-9);
   EXPECT_NEAR(v, 0.001 * 0.005 * 0.005, 1e-12);
   EXPECT_NEAR(w, 0.99, 1e-6);
@@ -201,7 +203,7 @@ TEST(KernelMath, AdamWeightDecayEntersTheGradient) {
 
 TEST(KernelMath, AdamWithZeroGradientLeavesTheWeight) {
   float w = 0.25f, m = 0.0f, v = 0.0f;
-  math::adam_step(w, m, v, 0.0f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f, 1.0f);
+  math::adam_step(w, m, v, 0.0f, 0.01f, kBeta1, kBeta2, kEpsilon, 0.0f, math::adam_correction(kBeta1, kBeta2, 1.0f));
   EXPECT_EQ(w, 0.25f);  // 0 / (0 + epsilon): no NaN
   EXPECT_EQ(m, 0.0f);
   EXPECT_EQ(v, 0.0f);
@@ -403,6 +405,33 @@ TEST(KernelMath, MaxPoolArgmaxOverlappingWindows) {
 TEST(KernelMath, MaxPoolArgmaxOfNegativeWindows) {
   const float plane[4] = {-5.0f, -3.0f, -4.0f, -7.0f};  // no zero to fall back on
   EXPECT_EQ(math::max_pool_argmax(plane, pool(2, 2, 2, 2), 0, 0), 1);
+}
+
+// A NaN anywhere in a window passes through (as relu's does), not only in the window's first
+// element: `NaN > x` is false, so a plain comparison would hide it behind any number.
+TEST(KernelMath, MaxPoolArgmaxLetsANaNThrough) {
+  const PoolGeometry g = pool(2, 2, 2, 2);
+  for (int at = 0; at < 4; ++at) {
+    float plane[4] = {1.0f, 7.0f, -2.0f, 3.0f};
+    plane[at] = kNaN;
+    EXPECT_EQ(math::max_pool_argmax(plane, g, 0, 0), at) << "NaN at " << at;
+  }
+  const float two_nans[4] = {1.0f, kNaN, 9.0f, kNaN};
+  EXPECT_EQ(math::max_pool_argmax(two_nans, g, 0, 0), 1);  // the first NaN
+}
+
+// The bias corrections are computed once per update, in double: at step 1 they undo (1 - beta),
+// and late in training they tend to 1.
+TEST(KernelMath, AdamCorrectionMatchesItsClosedForm) {
+  for (float step : {1.0f, 2.0f, 10.0f, 1000.0f, 1e6f}) {
+    const math::AdamCorrection c = math::adam_correction(kBeta1, kBeta2, step);
+    EXPECT_NEAR(c.first, 1.0 / (1.0 - std::pow(static_cast<double>(kBeta1), step)), 1e-6 * c.first) << step;
+    EXPECT_NEAR(c.second, 1.0 / (1.0 - std::pow(static_cast<double>(kBeta2), step)), 1e-6 * c.second) << step;
+  }
+  // 0.999f is 0.99900001287: step 1's second correction is 1000.0129, not 1000 (the loop above
+  // compares with the float beta the kernel gets).
+  EXPECT_NEAR(math::adam_correction(kBeta1, kBeta2, 1.0f).second, 1000.0, 0.02);
+  EXPECT_NEAR(math::adam_correction(kBeta1, kBeta2, 1e6f).second, 1.0, 1e-6);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/autodiff.h"
+#include "core/error.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
 
@@ -77,6 +78,47 @@ TEST(Optimizer, AdamMatchesClosedForm) {
     }
   }
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(store.param(0).f32()[i], w[i], 1e-5);
+}
+
+// Hyperparameters that would divide by zero or never decay are refused when the updates are
+// added, naming the option; the update inputs must be float32 (an int32 learning rate of 1 would
+// otherwise be read as 1e-45 and training would silently stand still).
+TEST(Optimizer, BadHyperparametersAndInputTypesAreRefused) {
+  auto built = [](auto add) {
+    GraphBuilder b;
+    Value w = b.parameter("w", Shape{1, 5}, ParamInit::zeros());
+    Value loss = b.reshape(b.matmul(w, b.input("R", Shape{5, 1})), Shape{});
+    build_backward(b, loss);
+    try {
+      add(b);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  auto adam_with = [&](auto change) {
+    return built([&](GraphBuilder& b) {
+      AdamOptions options;
+      change(options);
+      add_adam_update(b, b.input("lr", Shape{1}), b.input("step", Shape{1}), options);
+    });
+  };
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.beta1 = 1.0; }).find("beta1 must be in [0, 1), got 1"), std::string::npos);
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.beta2 = -0.5; }).find("beta2"), std::string::npos);
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.epsilon = 0.0; }).find("epsilon"), std::string::npos);
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.weight_decay = std::nan(""); }).find("weight decay"), std::string::npos);
+  EXPECT_EQ(adam_with([](AdamOptions&) {}), "");
+  EXPECT_NE(built([](GraphBuilder& b) { add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{1.0, 0.0}); })
+                .find("momentum must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(built([](GraphBuilder& b) { add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{0.9, -1.0}); })
+                .find("weight decay"),
+            std::string::npos);
+  const std::string int_rate = built([](GraphBuilder& b) {
+    add_sgd_update(b, b.input("lr", Shape{1}, DType::I32), SgdOptions{});
+  });
+  EXPECT_NE(int_rate.find("sgd_update 'w/update'"), std::string::npos) << int_rate;
+  EXPECT_NE(int_rate.find("i32"), std::string::npos) << int_rate;
 }
 
 TEST(Optimizer, UpdateRunsAfterEveryReaderOfItsParameter) {
