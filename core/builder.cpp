@@ -1,5 +1,7 @@
 #include "core/builder.h"
 
+#include <string_view>
+
 #include "core/error.h"
 #include "core/op.h"
 
@@ -52,7 +54,9 @@ Value GraphBuilder::parameter(const std::string& name, const Shape& shape, Param
 }
 
 Value GraphBuilder::state(int param_index, const std::string& kind) {
-  const ParamInfo& param = graph_.params().at(param_index);
+  if (param_index < 0 || param_index >= static_cast<int>(graph_.params().size()))
+    throw Error(cat("state '", kind, "': no parameter ", param_index, " (the graph has ", graph_.params().size(), ")"));
+  const ParamInfo& param = graph_.params()[static_cast<size_t>(param_index)];
   ValueInfo info;
   info.name = param.name + "/" + kind;
   info.shape = graph_.value(param.value).shape;
@@ -79,7 +83,18 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
     infer.inputs.push_back({info.shape, info.dtype});
     node.inputs.push_back(input.id);
   }
-  std::vector<TensorType> outputs = def.infer(infer);
+  std::vector<TensorType> outputs;
+  try {
+    outputs = def.infer(infer);
+  } catch (const Error& error) {
+    // InferContext::fail names the op, the node and the shapes; other errors (a missing or
+    // mistyped attribute) get them here.
+    const std::string prefix = cat(op, " '", node.name, "': ");
+    if (std::string_view(error.what()).starts_with(prefix)) throw;
+    std::string shapes;
+    for (size_t i = 0; i < infer.inputs.size(); ++i) shapes += cat(i ? ", " : "", infer.inputs[i].shape.str());
+    throw Error(cat(prefix, error.what(), " (input shapes ", shapes, ")"));
+  }
   for (size_t i = 0; i < outputs.size(); ++i)  // e.g. a reshape to (-2, -3), which keeps the element count
     check_extents(outputs[i].shape, cat(op, " '", node.name, "': output ", i));
   std::vector<Value> results;

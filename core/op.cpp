@@ -20,6 +20,12 @@ const Shape& GradContext::input_shape(int i) const {
   return builder_.graph().value(node_.inputs.at(i)).shape;
 }
 
+void GradContext::no_gradient_through(int output, const std::string& what) const {
+  if (output_grad(output).valid())
+    throw Error(cat(node_.op, " '", node_.name, "': output ", output, " (", what,
+                    ") reaches the loss, but this op has no gradient through it"));
+}
+
 void GradContext::set_input_grad(int i, Value grad) {
   const Shape& expected = input_shape(i);
   const Shape& got = builder_.graph().value(grad.id).shape;

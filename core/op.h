@@ -94,6 +94,10 @@ class GradContext {
   void set_input_grad(int i, Value grad);
   const std::vector<Value>& input_grads() const { return input_grads_; }
   std::string name(const std::string& suffix) const;  // "<node>/grad/<suffix>"
+  // For outputs an op does not differentiate (softmax_cross_entropy's probabilities, the LSTM's
+  // cache): throws quiver::Error naming the op, the node and the output if a gradient reaches it,
+  // rather than dropping that gradient.
+  void no_gradient_through(int output, const std::string& what) const;
 
  private:
   GraphBuilder& builder_;

@@ -85,7 +85,9 @@ ConvGeometry geometry_of(const KernelSpec& spec, const Shape& x, const Shape& w)
 Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w) {
   if (x.rank() != 4 || w.rank() != 4) ctx.fail(cat("input ", x.str(), " and weight ", w.str(), " must have rank 4"));
   int64_t stride = ctx.node.attrs.get_int("stride", 1), padding = ctx.node.attrs.get_int("padding", 0);
-  if (stride < 1 || padding < 0) ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
+  constexpr int64_t kLargest = int64_t{1} << 30;  // keeps x + 2*padding and the im2col sizes far from overflow
+  if (stride < 1 || padding < 0 || stride > kLargest || padding > kLargest)
+    ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
   if (w[1] != x[1])
     ctx.fail(cat("input ", x.str(), " has ", x[1], " channels but weight ", w.str(), " expects ", w[1]));
   if (w[2] < 1 || w[3] < 1) ctx.fail(cat("kernel ", w[2], "x", w[3], " is empty"));

@@ -179,6 +179,7 @@ const bool registered = [] {
   def.kind = "lstm";
   def.infer = infer;
   def.backward = [](GradContext& ctx) {
+    ctx.no_gradient_through(1, "the cache of gate activations");
     Attrs attrs;
     attrs.set("input_grad", int64_t{ctx.needs_grad(0)});  // the first layer's dx is never read
     std::vector<Value> grads = ctx.builder().apply(

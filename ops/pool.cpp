@@ -1,6 +1,7 @@
 #include "ops/pool.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/builder.h"
 #include "ops/kernel_util.h"
@@ -27,6 +28,8 @@ Shape pooled(const InferContext& ctx, const Shape& x) {
   int64_t kernel = ctx.node.attrs.get_int("kernel"), stride = ctx.node.attrs.get_int("stride", kernel);
   if (kernel < 1 || stride < 1 || kernel > x[2] || kernel > x[3])
     ctx.fail(cat("kernel ", kernel, " / stride ", stride, " invalid for ", x.str()));
+  if (x[2] * x[3] > std::numeric_limits<int32_t>::max())  // the argmax is an int32 index into a plane
+    ctx.fail(cat("a plane of ", x.str(), " has more than 2^31 - 1 elements"));
   PoolGeometry g = pool_geometry(x, ctx.node.attrs);
   return Shape{x[0], x[1], g.out_h, g.out_w};
 }
@@ -83,7 +86,7 @@ KernelFn prepare_grad(const KernelSpec& spec) {
         float* plane = dx + p * g.height * g.width;
         std::fill_n(plane, g.height * g.width, 0.0f);
         for (int64_t o = p * g.out_h * g.out_w; o < (p + 1) * g.out_h * g.out_w; ++o)
-          plane[argmax[o]] += dy[o];
+          plane[argmax[o]] += dy[o];  // argmax: from max_pool2d's forward, an index into the plane
       }
     });
   };

@@ -23,13 +23,15 @@ PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs);
 namespace math {
 
 // The index, within one (H, W) plane, of the maximum of output (oh, ow)'s window; the first
-// maximum in row-major window order wins a tie. CPU and CUDA kernels both call this.
+// maximum in row-major window order wins a tie, and the first NaN wins over any number, so a NaN
+// in the window passes through as relu's does. CPU and CUDA kernels both call this.
 QUIVER_HD inline int64_t max_pool_argmax(const float* plane, const PoolGeometry& g, int64_t oh, int64_t ow) {
   int64_t best = (oh * g.stride) * g.width + ow * g.stride;
   for (int64_t kh = 0; kh < g.kernel; ++kh)
     for (int64_t kw = 0; kw < g.kernel; ++kw) {
       const int64_t at = (oh * g.stride + kh) * g.width + ow * g.stride + kw;
-      if (plane[at] > plane[best]) best = at;
+      const float value = plane[at], best_value = plane[best];
+      if (value > best_value || (value != value && best_value == best_value)) best = at;  // v != v: NaN
     }
   return best;
 }

@@ -88,6 +88,7 @@ const bool registered = [] {
   def.kind = "softmax_cross_entropy";
   def.infer = infer;
   def.backward = [](GradContext& ctx) {
+    ctx.no_gradient_through(1, "the probabilities");
     ctx.set_input_grad(0, ctx.builder().apply1("softmax_cross_entropy_grad",
                                                {ctx.output_grad(0), ctx.output(1), ctx.input(1)},
                                                {}, ctx.name("logits")));

@@ -115,8 +115,8 @@ TEST(Builder, ShapesNeedExtentsOfAtLeastOne) {
 }
 
 // A kernel larger than the padded input is refused before C++ division could round the output
-// size up to 1 ((2 - 3) / 2 + 1 == 1).
-TEST(Builder, ConvKernelLargerThanThePaddedInputIsRefused) {
+// size up to 1 ((2 - 3) / 2 + 1 == 1), and a huge padding before x + 2*padding could overflow.
+TEST(Builder, ConvGeometryIsCheckedBeforeItsArithmetic) {
   GraphBuilder b;
   Value x = b.input("x", Shape{1, 1, 2, 2});
   Value w = b.parameter("w", Shape{1, 1, 3, 3}, ParamInit::zeros());
@@ -126,6 +126,10 @@ TEST(Builder, ConvKernelLargerThanThePaddedInputIsRefused) {
   EXPECT_NE(message.find("does not fit"), std::string::npos) << message;
   attrs.padding = 1;
   EXPECT_NO_THROW(b.conv2d(x, w, attrs, "padded"));  // 4x4 padded input: fits
+  attrs.padding = int64_t{1} << 62;
+  message = error_of([&] { b.conv2d(x, w, attrs, "far"); });
+  EXPECT_NE(message.find("conv2d 'far'"), std::string::npos) << message;
+  EXPECT_NE(message.find("invalid"), std::string::npos) << message;
 }
 
 // Ops take float32 where their kernels read floats, and gradient ops check the shapes they are
@@ -164,6 +168,37 @@ TEST(Builder, DtypesAndGradientOpShapesAreChecked) {
   Value few = b.input("few_labels", Shape{3}, DType::I32);
   Value dloss = b.input("dloss", Shape{});
   EXPECT_THROW(b.apply1("softmax_cross_entropy_grad", {dloss, probs, few}), Error);
+}
+
+// Errors that are not about shapes (a missing or mistyped attribute) still name the op, the node
+// and the input shapes; so does a parameter index that does not exist.
+TEST(Builder, AttributeErrorsNameTheOpAndTheNode) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 3, 8, 8});
+  std::string message = error_of([&] { b.apply1("max_pool2d", {x}, {}, "pool_without_kernel"); });
+  EXPECT_NE(message.find("max_pool2d 'pool_without_kernel'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'kernel'"), std::string::npos) << message;
+  EXPECT_NE(message.find("[2,3,8,8]"), std::string::npos) << message;
+  Attrs attrs;
+  attrs.set("trans_a", 0.5);
+  message = error_of([&] { b.apply1("matmul", {b.input("a", Shape{2, 3}), b.input("c", Shape{3, 4})}, attrs, "mm"); });
+  EXPECT_NE(message.find("matmul 'mm'"), std::string::npos) << message;
+  message = error_of([&] { b.state(7, "velocity"); });
+  EXPECT_NE(message.find("no parameter 7"), std::string::npos) << message;
+}
+
+// softmax_cross_entropy differentiates its loss, not its probabilities: a gradient reaching the
+// probabilities is an error naming the op and the node, not silently dropped.
+TEST(Autodiff, AGradientThroughAnOutputWithoutOneIsAnError) {
+  GraphBuilder b;
+  Value logits = b.matmul(b.input("x", Shape{4, 3}), b.parameter("w", Shape{3, 5}, ParamInit::zeros()));
+  std::vector<Value> outputs =
+      b.apply("softmax_cross_entropy", {logits, b.input("labels", Shape{4}, DType::I32)}, {}, "ce");
+  Value probs_sum = b.reshape(b.matmul(b.reshape(outputs[1], Shape{1, 20}), b.input("ones", Shape{20, 1})), Shape{});
+  Value loss = b.add(outputs[0], probs_sum);
+  std::string message = error_of([&] { build_backward(b, loss); });
+  EXPECT_NE(message.find("softmax_cross_entropy 'ce'"), std::string::npos) << message;
+  EXPECT_NE(message.find("probabilities"), std::string::npos) << message;
 }
 
 TEST(Autodiff, GradientsOfValuesReadTwiceAreSummed) {
