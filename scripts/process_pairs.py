@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Two training processes of one thread each against one process of two threads.
+
+Issue 4 starts from a measurement: two libtorch training processes with one thread each deliver
+1.2-1.8x the samples/s of one process with two threads at batch 16-64. That is the idle capacity
+multi-learner training is meant to take back. This script measures the same thing for Quiver
+(quiver-bench-throughput, single-stream) and, when it was built, for libtorch (quiver-torch-peer),
+side by side in one run, so the headroom left for in-process learners on this machine is a
+number rather than an assumption.
+
+Per model and batch, each run times:
+  one  : one process, --threads 2 (all cores of a 2-core machine; --threads sets it)
+  pair : two processes started together, --threads 1 each; their samples/s are added
+Each process times its own steps after a warm-up (Quiver: after its executor's profiling), and
+both processes of a pair do the same work, so their timed windows overlap; a pair whose two
+durations differ by more than a quarter is reported. The ratio pair / one is taken within a run,
+and the table gives medians over runs. Steps are chosen so a timed window lasts about --seconds.
+
+Two independent processes share nothing (no averaging, no barrier): their ratio is the ceiling for
+k = 2 learners x 1 thread against single-stream on the same machine.
+
+  python3 scripts/process_pairs.py --build build/release --runs 5 --output pairs.md
+"""
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
+    return value
+
+
+def name_list(allowed):
+    def parse(text):
+        items = text.split(",")
+        for item in items:
+            if item not in allowed:
+                raise argparse.ArgumentTypeError(f"expected a list of {', '.join(allowed)}, got '{text}'")
+        return items
+    return parse
+
+
+def int_list(text):
+    return [positive_int(item) for item in text.split(",")]
+
+
+class Engine:
+    """One way of training a model: a command line per (model, batch, threads, steps) and a
+    parser for the samples/s it prints."""
+
+    def __init__(self, name, program, command, pattern):
+        self.name, self.program, self.command, self.pattern = name, program, command, pattern
+
+    def start(self, model, batch, threads, steps, warmup):
+        argv = self.command(self.program, model, batch, threads, steps, warmup)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(self, process):
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"{self.name}: {' '.join(process.args)} exited {process.returncode}: {err.strip()}")
+        match = re.search(self.pattern, out, re.MULTILINE)
+        if not match:
+            raise RuntimeError(f"{self.name}: no samples/s in the output of {' '.join(process.args)}")
+        return float(match.group(1))
+
+
+def quiver_engine(build):
+    program = os.path.join(build, "bench", "quiver-bench-throughput")
+
+    def command(program, model, batch, threads, steps, warmup):
+        return [program, "--models", model, "--batches", str(batch), "--threads", str(threads), "--no-peer",
+                "--warmup", str(warmup), "--steps", str(steps), "--runs", "1"]
+    # A table row: | model | batch | threads | samples/s | - | - |
+    return Engine("quiver", program, command, r"^\| \w+ \| \d+ \| \d+ \| (\d+) \|")
+
+
+def torch_engine(build):
+    program = os.path.join(build, "bench", "quiver-torch-peer")
+
+    def command(program, model, batch, threads, steps, warmup):
+        return [program, "--model", model, "--batch", str(batch), "--threads", str(threads),
+                "--warmup", str(warmup), "--steps", str(steps), "--runs", "1"]
+    return Engine("libtorch", program, command, r"median_samples_per_s=([0-9.]+)")
+
+
+def one_process(engine, model, batch, threads, steps, warmup):
+    return engine.finish(engine.start(model, batch, threads, steps, warmup))
+
+
+def process_pair(engine, model, batch, steps, warmup):
+    """Two one-thread processes at once: (sum of samples/s, ratio of their wall durations)."""
+    begun = time.monotonic()
+    processes = [engine.start(model, batch, 1, steps, warmup) for _ in range(2)]
+    rates, durations = [], []
+    for process in processes:
+        rates.append(engine.finish(process))
+        durations.append(time.monotonic() - begun)
+    return sum(rates), max(durations) / min(durations)
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Samples/s of two one-thread training processes against one two-thread process, "
+                    "for Quiver and (when built) libtorch, side by side.")
+    parser.add_argument("--build", default="build/release", help="build folder (default build/release)")
+    parser.add_argument("--models", type=name_list(["mlp", "cnn", "lstm"]), default=["mlp", "cnn", "lstm"],
+                        help="comma-separated, of mlp,cnn,lstm (default all three)")
+    parser.add_argument("--batches", type=int_list, default=[16, 64], help="batch sizes (default 16,64)")
+    parser.add_argument("--runs", type=positive_int, default=5, help="runs; the table gives medians (default 5)")
+    parser.add_argument("--seconds", type=positive_float, default=2.0,
+                        help="about how long each timed window lasts (default 2)")
+    parser.add_argument("--warmup", type=positive_int, default=20, help="warm-up steps per process (default 20)")
+    parser.add_argument("--no-peer", action="store_true", help="measure Quiver only")
+    parser.add_argument("--output", help="also write the table there (atomically)")
+    args = parser.parse_args()
+
+    engines = [quiver_engine(args.build)]
+    if not os.access(engines[0].program, os.X_OK):
+        sys.exit(f"process_pairs.py: {engines[0].program} not found: build the release preset first (--build)")
+    if not args.no_peer:
+        peer = torch_engine(args.build)
+        if os.access(peer.program, os.X_OK):
+            engines.append(peer)
+        else:
+            print(f"# no libtorch peer ({peer.program} not built: apt-get install libtorch-dev libopenblas-dev)")
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            sys.exit(f"process_pairs.py: --output: cannot write in {folder}")
+
+    print(f"# samples/s: one process x 2 threads vs two processes x 1 thread at once, median of {args.runs} runs, "
+          f"~{args.seconds:g} s timed windows, {os.cpu_count()} cores")
+    header = ("| engine | model | batch | one x 2 threads | two x 1 thread (sum) | two / one | "
+              "two / one, each run |\n|---|---|---|---|---|---|---|\n")
+    table = header
+    print(header, end="", flush=True)
+    uneven = []
+    try:
+        for model in args.models:
+            for batch in args.batches:
+                for engine in engines:
+                    # Calibrate: a short run at two threads sets the step count of the timed windows.
+                    rate = one_process(engine, model, batch, 2, 30, args.warmup)
+                    steps = max(30, int(args.seconds * rate / batch))
+                    pair_steps = max(30, steps // 2)  # one thread: about half the rate, the same window
+                    ones, pairs, ratios = [], [], []
+                    for run in range(args.runs):
+                        # Alternate which goes first, so a drift of the host hits both alike.
+                        if run % 2 == 0:
+                            one = one_process(engine, model, batch, 2, steps, args.warmup)
+                            pair, spread = process_pair(engine, model, batch, pair_steps, args.warmup)
+                        else:
+                            pair, spread = process_pair(engine, model, batch, pair_steps, args.warmup)
+                            one = one_process(engine, model, batch, 2, steps, args.warmup)
+                        if spread > 1.25:
+                            uneven.append(f"{engine.name} {model} b{batch} run {run + 1}: durations {spread:.2f}x apart")
+                        ones.append(one)
+                        pairs.append(pair)
+                        ratios.append(pair / one)
+                    row = (f"| {engine.name} | {model} | {batch} | {statistics.median(ones):.0f} | "
+                           f"{statistics.median(pairs):.0f} | **{statistics.median(ratios):.2f}** | "
+                           f"{', '.join(f'{r:.2f}' for r in ratios)} |\n")
+                    table += row
+                    print(row, end="", flush=True)
+    except (RuntimeError, OSError) as error:
+        sys.exit(f"process_pairs.py: {error}")
+    for line in uneven:
+        print(f"# uneven pair: {line}")
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as scratch:
+            scratch.write(table)
+        os.replace(scratch.name, args.output)
+
+
+if __name__ == "__main__":
+    main()
