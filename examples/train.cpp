@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   TrainCommand command;
   try {
     command = parse_train_command(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {  // quiver::Error: a bad value, naming the flag
     std::cerr << "quiver-train: " << error.what() << "\n";
     return 2;
   }
@@ -201,6 +201,9 @@ int main(int argc, char** argv) {
         std::cout << "explain: no executor (empty policy)\n";
     }
   } catch (const Error& error) {
+    std::cerr << "\nquiver-train: " << error.what() << "\n";
+    return 1;
+  } catch (const std::exception& error) {  // out of memory, a thread that could not start: a message, not an abort
     std::cerr << "\nquiver-train: " << error.what() << "\n";
     return 1;
   }

@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -13,6 +15,15 @@
 namespace quiver {
 
 namespace {
+
+// A file to read later (a checkpoint to resume from): refused now, naming the flag, rather than
+// after the data is loaded and the learners are built.
+void check_readable(const std::string& path, const std::string& flag) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) throw Error(cat(flag, ": cannot read '", path, "': no such file"));
+  if (std::filesystem::is_directory(path, error)) throw Error(cat(flag, ": cannot read '", path, "': a directory"));
+  if (!std::ifstream(path, std::ios::binary)) throw Error(cat(flag, ": cannot read '", path, "': permission denied"));
+}
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
   int64_t value = 0;
@@ -100,7 +111,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   command.train.threads = available_cores();
   command.train.profile_cache = default_profile_cache();
   std::string inter_or_intra;
-  bool cuda_graphs_given = false, momentum_given = false;
+  bool cuda_graphs_given = false, momentum_given = false, sync_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "--help" || flag == "-h") {
@@ -189,11 +200,13 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--sync") {
       if (value != "sma" && value != "ssgd") throw Error(cat("--sync: expected sma or ssgd, got '", value, "'"));
       command.sync = value;
+      sync_given = true;
     } else if (flag == "--staleness") {
       command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
       if (flag == "--checkpoint") check_writable(value, flag);  // a typo must not cost the training run
+      if (flag == "--resume") check_readable(value, flag);      // nor load the data first
       (flag == "--checkpoint" ? command.checkpoint : command.resume) = value;
     } else if (flag == "--profile-cache") {
       if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
@@ -214,6 +227,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
+  if (!multi && sync_given) throw Error("--sync: only with --learners (one model has nothing to synchronise)");
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
   if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
   if (command.sync == "ssgd" && !command.train.device.is_cpu())
@@ -238,6 +252,19 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!inter_or_intra.empty() && command.train.policy != "fixed")
     throw Error(cat(inter_or_intra, ": only with --policy fixed (the ", command.train.policy,
                     " policy chooses its own threads)"));
+  // fixed runs inter x intra threads whatever the budget: they must fit in the threads granted
+  // (all of --threads, or each learner's share), or the executor would oversubscribe the cores.
+  if (command.train.policy == "fixed" && command.train.device.is_cpu()) {
+    if (command.learners_auto)
+      throw Error("--policy fixed: not with --learners auto (the tuner splits the cores among learners)");
+    const int granted = !multi ? command.train.threads
+                        : command.threads_per_learner > 0 ? command.threads_per_learner
+                                                          : std::max(1, command.train.threads / command.learners);
+    if (command.train.inter * command.train.intra > granted)
+      throw Error(cat("--inter ", command.train.inter, " x --intra ", command.train.intra, " = ",
+                      command.train.inter * command.train.intra, " threads, more than the ", granted, " granted (",
+                      multi ? "each learner's share of --threads" : "--threads", ")"));
+  }
   return command;
 }
 

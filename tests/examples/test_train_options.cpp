@@ -1,6 +1,9 @@
 // quiver-train's command line: good values parse, every bad value names its flag.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "core/error.h"
 #include "examples/train_options.h"
 
@@ -28,8 +31,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
 
   // The executor's and the learners' flags, each landing in its own field.
-  c = parse_train_command({"--policy", "fixed", "--inter", "2", "--intra", "3", "--momentum", "0.5", "--explain",
-                           "--profile-cache", "none", "--trace", "quiver-test-trace.json"});
+  c = parse_train_command({"--policy", "fixed", "--inter", "2", "--intra", "3", "--threads", "6", "--momentum", "0.5",
+                           "--explain", "--profile-cache", "none", "--trace", "quiver-test-trace.json"});
   EXPECT_EQ(c.train.policy, "fixed");
   EXPECT_EQ(c.train.inter, 2);
   EXPECT_EQ(c.train.intra, 3);
@@ -38,14 +41,17 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(c.train.profile_cache, "");
   EXPECT_EQ(c.train.trace_path, "quiver-test-trace.json");
   EXPECT_EQ(parse_train_command({"--profile-cache", "p.json"}).train.profile_cache, "p.json");
+  const std::string resume = ::testing::TempDir() + "quiver-test-resume.ckpt";  // --resume must be readable
+  std::ofstream(resume) << "x";
   c = parse_train_command({"--learners", "4", "--threads-per-learner", "1", "--alpha", "0.25", "--checkpoint",
-                           "z.ckpt", "--resume", "y.ckpt"});
+                           "z.ckpt", "--resume", resume});
   EXPECT_EQ(c.learners, 4);
   EXPECT_FALSE(c.learners_auto);
   EXPECT_EQ(c.threads_per_learner, 1);
   EXPECT_DOUBLE_EQ(c.alpha, 0.25);
   EXPECT_EQ(c.checkpoint, "z.ckpt");
-  EXPECT_EQ(c.resume, "y.ckpt");
+  EXPECT_EQ(c.resume, resume);
+  std::remove(resume.c_str());
   EXPECT_EQ(c.sync, "sma");
   EXPECT_EQ(parse_train_command({"--learners", "2", "--sync", "ssgd"}).sync, "ssgd");
   EXPECT_TRUE(parse_train_command({"--learners", "auto"}).learners_auto);
@@ -116,7 +122,14 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--optimizer", "adam", "--momentum", "0.5"}, "--momentum"},
                       BadFlag{{"--learners", "2", "--checkpoint", "/nonexistent/dir/z.ckpt"}, "--checkpoint"},
                       BadFlag{{"--trace", "/nonexistent/dir/t.json"}, "--trace"}, BadFlag{{"--trace", "/"}, "--trace"},
-                      BadFlag{{"--trace", ""}, "--trace"}),
+                      BadFlag{{"--trace", ""}, "--trace"},
+                      BadFlag{{"--learners", "2", "--resume", "/nonexistent/z.ckpt"}, "--resume"},
+                      BadFlag{{"--learners", "2", "--resume", "/"}, "--resume"},
+                      BadFlag{{"--sync", "sma"}, "--sync"},
+                      BadFlag{{"--threads", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"}, "--inter 2 x --intra 2"},
+                      BadFlag{{"--threads", "4", "--learners", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"},
+                              "each learner's share"},
+                      BadFlag{{"--learners", "auto", "--policy", "fixed"}, "--policy fixed"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)
