@@ -133,6 +133,19 @@ IdxArray read_idx(const std::string& path) {
     throw Error(cat("idx '", path, "': truncated: expected ", elements, " bytes of data, got ",
                     got, " (dims ", dims_text(result.dims), ")"));
   }
+  // The data is all there. For gzip, reading on is what makes zlib check the stream's trailer
+  // (CRC-32 and length): a cut or corrupt trailer surfaces only then. Bytes after the data are
+  // ignored, as in a plain file.
+  if (!gzdirect(file.get())) {
+    uint8_t extra = 0;
+    const int more = gzread(file.get(), &extra, 1);
+    int code = Z_OK;
+    gzerror(file.get(), &code);
+    if (more < 0 || (more == 0 && code != Z_OK)) {
+      throw Error(cat("idx '", path, "': ", code == Z_BUF_ERROR ? "truncated" : "corrupt",
+                      " gzip stream after the data (its check bytes: ", gz_error_text(file.get()), ")"));
+    }
+  }
   result.data.resize(static_cast<size_t>(elements));
   return result;
 }

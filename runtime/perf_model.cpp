@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,10 @@ namespace {
 
 constexpr const char* kCacheFormat = "quiver-profile-cache";
 constexpr int kCacheVersion = 1;
-constexpr const char* kQuiverVersion = "0.1";
+// The kernels' version: timings cached by other kernels are stale. Bump it when a kernel's speed
+// changes (0.2: Adam's bias corrections hoisted out of the per-element loop).
+constexpr const char* kQuiverVersion = "0.2";
+constexpr std::uintmax_t kLargestCache = std::uintmax_t{64} << 20;  // a cache is a few KB of JSON
 constexpr double kShortest = 1e-7;  // predictions never fall below 0.1 us
 
 // Weighted least squares of y = sum_j x_j * basis_j(p), weights 1/t (relative error).
@@ -198,6 +202,12 @@ std::string PerfModel::cpu_model() {
 }
 
 bool PerfModel::load(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
+  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache) {
+    warn(cat("ignoring profile cache '", path, "': not a regular file of at most 64 MiB; ops will be profiled again"));
+    return false;
+  }
   std::ifstream in(path);
   if (!in) return false;
   std::stringstream text;

@@ -154,6 +154,17 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
     EXPECT_FALSE(missing.load(path + ".does-not-exist"));
     EXPECT_TRUE(warnings.messages.empty()) << "a first run has no cache: nothing to warn about";
   }
+  bad = original;
+  bad["quiver"] = "0.1";  // timings of older kernels
+  expect_ignored(bad.dump(), "stale");
+  // An endless file (reading it would never stop) and a directory: refused before reading.
+  for (const std::string& odd : {std::string("/dev/zero"), std::filesystem::temp_directory_path().string()}) {
+    CapturedWarnings warnings;
+    PerfModel loaded(2);
+    EXPECT_FALSE(loaded.load(odd));
+    ASSERT_EQ(warnings.messages.size(), 1u) << odd;
+    EXPECT_NE(warnings.messages[0].find("not a regular file"), std::string::npos) << warnings.messages[0];
+  }
   std::filesystem::remove(path);
 }
 
