@@ -47,6 +47,9 @@ int64_t count_batches(const Dataset& data, const BatcherOptions& options) {
   if (options.prefetch_depth < 1) {
     throw Error(cat("batcher: prefetch_depth ", options.prefetch_depth, " must be at least 1"));
   }
+  if (options.first_epoch < 0) {
+    throw Error(cat("batcher: first_epoch ", options.first_epoch, " must be >= 0"));
+  }
   if (data.count <= 0) {
     throw Error(cat("batcher: dataset is empty (count ", data.count, ")"));
   }
@@ -128,7 +131,7 @@ Batch Batcher::assemble(const std::vector<int64_t>& order, int64_t epoch, int64_
 
 void Batcher::produce() {
   try {
-    for (int64_t epoch = 0;; ++epoch) {
+    for (int64_t epoch = options_.first_epoch;; ++epoch) {
       const std::vector<int64_t> order =
           epoch_order(data_.count, options_.seed, epoch, options_.shuffle);
       for (int64_t index = 0; index < batches_per_epoch_; ++index) {

@@ -31,6 +31,7 @@ struct BatcherOptions {
   bool shuffle = true;
   bool drop_last = true;   // false: the last batch of an epoch holds the remainder
   int prefetch_depth = 4;  // batches assembled ahead of the consumer
+  int64_t first_epoch = 0;  // the epoch to start from: a resumed run continues the order
 };
 
 // The sample order of `epoch`: a Fisher-Yates shuffle of 0..count-1 driven by an mt19937_64

@@ -46,9 +46,11 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (!(options.tune_warmup_seconds >= 0.0))
     throw Error(cat("tune warm-up must be >= 0 seconds, got ", options.tune_warmup_seconds));
   if (options.tune_cores < 0) throw Error(cat("tune cores must be >= 0 (0: all), got ", options.tune_cores));
-  // Default ceiling: twice the cores on the CPU; 8 streams per GPU (Crossbow's range) on CUDA.
+  // Default ceiling: on the CPU one learner per core of the tuner's budget (more would run learner
+  // threads on shared cores, which DESIGN.md calls a bug); 8 streams per GPU (Crossbow's range) on CUDA.
   if (options.max_learners == 0)
-    options_.max_learners = train_.device.is_cpu() ? 2 * available_cores() : 8 * std::max(1, options.devices);
+    options_.max_learners = train_.device.is_cpu() ? (options.tune_cores > 0 ? options.tune_cores : available_cores())
+                                                   : 8 * std::max(1, options.devices);
   if (options_.max_learners < 1) throw Error(cat("max learners must be >= 1, got ", options.max_learners));
   batch_ = train_.batch;
   features_ = model_.sample_shape.numel();
@@ -350,7 +352,13 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   BatcherOptions batcher_options;
   batcher_options.batch_size = batch_;
   batcher_options.seed = train_.seed;
-  batcher_options.prefetch_depth = 4 * options_.max_learners;  // a round never waits on I/O
+  batcher_options.first_epoch = epochs_done_;  // a resumed run (or a second fit()) continues the data order
+  // Four rounds of the largest group ahead, so a round never waits on I/O, but at most ~64 MiB of
+  // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
+  const int64_t batch_bytes = batch_ * (features_ * static_cast<int64_t>(sizeof(float)) + sizeof(int32_t));
+  const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes);
+  batcher_options.prefetch_depth = static_cast<int>(std::max<int64_t>(
+      2 * options_.max_learners, std::min<int64_t>(4 * options_.max_learners, by_memory)));
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
 
@@ -476,6 +484,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       }
       if (!last) keep_going = clock.between_batches(epoch, batches_done - k, batches_done);
     }
+    // An epoch is one pass: the per_epoch % k batches a round of k could not take are dropped, so
+    // the next epoch starts at its own first batch (they would shift every later epoch).
+    if (batches_in_epoch + learners() > per_epoch)
+      for (int64_t left = per_epoch - batches_in_epoch; left > 0; --left) batcher.next();
     settle();  // the epoch's samples/s count finished steps only
     epoch_report.steps = epoch_rounds;
     epoch_report.seconds = clock.training_seconds() - epoch_start;

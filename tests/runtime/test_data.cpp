@@ -156,6 +156,23 @@ TEST_F(DataIdx, CutGzipStream) {
   expect_error([&] { read_idx(file); }, {file, "truncated", "expected 4096 bytes of data"});
 }
 
+// The data is whole but the gzip trailer (CRC-32 and length) is cut or wrong: zlib checks it
+// only when asked to read past the data, which the reader does.
+TEST_F(DataIdx, GzipTrailerIsChecked) {
+  const std::string file = path("trailer.gz");
+  write_idx(file, patterned({16, 16}), true);
+  const std::vector<uint8_t> whole = read_bytes(file);
+  std::vector<uint8_t> cut(whole.begin(), whole.end() - 8);  // no trailer
+  write_bytes(file, cut);
+  expect_error([&] { read_idx(file); }, {file, "truncated gzip stream after the data"});
+  std::vector<uint8_t> bad_crc = whole;
+  bad_crc[bad_crc.size() - 8] ^= 0xff;  // the CRC-32's first byte
+  write_bytes(file, bad_crc);
+  expect_error([&] { read_idx(file); }, {file, "incorrect data check"});  // while reading the data or after it
+  write_bytes(file, whole);
+  EXPECT_EQ(read_idx(file).data, patterned({16, 16}).data);
+}
+
 TEST_F(DataIdx, TruncatedHeader) {
   const std::string file = path("hdr");
   write_bytes(file, {0, 0, 8, 3, 0, 0, 0, 9});
@@ -374,6 +391,17 @@ TEST(DataBatcher, OrderDependsOnlyOnSeedAndEpoch) {
   options.seed = 8;
   Batcher other_seed(d, options);
   EXPECT_NE(take_epoch(other_seed, 0, 6), epoch0);
+}
+
+// A Batcher started at epoch e hands out epoch e's order first (a resumed run continues).
+TEST(DataBatcher, FirstEpochContinuesTheOrder) {
+  const Dataset d = numbered(120);
+  BatcherOptions options{.batch_size = 20, .seed = 5, .first_epoch = 2};
+  Batcher from_two(d, options);
+  EXPECT_EQ(take_epoch(from_two, 2, 6), epoch_order(120, 5, 2, true));
+  EXPECT_EQ(take_epoch(from_two, 3, 6), epoch_order(120, 5, 3, true));
+  options.first_epoch = -1;
+  EXPECT_THROW(Batcher(d, options), Error);
 }
 
 TEST(DataBatcher, NoShuffleIsIdentityOrder) {

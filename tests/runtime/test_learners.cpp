@@ -249,6 +249,22 @@ TEST(Learners, EvaluateEveryNBatchesAndStopThere) {
   EXPECT_EQ(group.evaluate(test), last);
 }
 
+// An epoch is one pass over the data whatever k: the batches a round of k cannot take at an
+// epoch's end are dropped, and a second fit() (or a resumed run) continues with the next epoch's
+// order. So two epochs in one fit() and one epoch in each of two fit() calls train the same
+// batches in the same order (synchronous rounds are reproducible bit for bit).
+TEST(Learners, EachEpochIsOnePassAndASecondFitContinuesTheOrder) {
+  const Dataset train = small_dataset(40, 7);  // 5 batches of 8 an epoch: 2 learners leave one
+  LearnerGroup together(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  const TrainReport both = together.fit(train, nullptr, 2);
+  EXPECT_EQ(both.steps, 4) << "2 rounds an epoch";
+  LearnerGroup apart(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  apart.fit(train, nullptr, 1);
+  apart.fit(train, nullptr, 1);
+  const Tensor &a = together.average(), &b = apart.average();
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+}
+
 TEST(Learners, ErrorsAreClear) {
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);
