@@ -68,7 +68,10 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   }
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
-  average.threads = options.threads_per_learner;
+  // z is evaluated while the learners wait: on the group's cores, not one learner's share.
+  const int group_threads = options.tune ? (options.tune_cores > 0 ? options.tune_cores : available_cores())
+                                         : options.learners * options.threads_per_learner;
+  average.threads = std::max(1, std::min(group_threads, available_cores()));
   average.trace_path.clear();  // the group traces every learner into one file (trace_)
   if (!train_.trace_path.empty()) trace_ = std::make_unique<Trace>();
   if (options.devices < 1) throw Error(cat("devices: need at least 1, got ", options.devices));
