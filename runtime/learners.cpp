@@ -552,11 +552,20 @@ void LearnerGroup::load(const std::string& path) {
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
   settle();
   drain();
+  refresh_average();
+  // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.
+  Tensor previous = Tensor::zeros(z.shape(), DType::F32, z.device());
+  previous.copy_from(z);
   z.copy_from(scratch);
+  try {
+    build(learners(), threads_per_learner_);
+  } catch (...) {
+    z.copy_from(previous);
+    throw;
+  }
   average_stale_ = false;  // z is the checkpoint's now, not the replica's
   rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
-  build(learners(), threads_per_learner_);
 }
 
 }  // namespace quiver
