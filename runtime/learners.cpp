@@ -403,6 +403,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // One batch per learner a round, handed over as they came; kept while a learner may still be
   // running that round (up to `staleness` rounds back).
   std::deque<std::vector<Batch>> in_flight;
+  // A run stopped by an error still writes its trace, after the learners below have settled.
+  const TraceOnError trace_on_error(trace_.get(), train_.trace_path);
   // Learners still running (a staleness bound) read `in_flight`'s batches: whatever ends fit(), an
   // error included, waits for them before those batches and the batcher go.
   struct SettleOnExit {

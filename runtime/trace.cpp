@@ -83,4 +83,12 @@ std::string Trace::json() const {
 
 void Trace::write(const std::string& path) const { write_file_atomically(path, json(), "trace"); }
 
+TraceOnError::~TraceOnError() {
+  if (trace_ == nullptr || std::uncaught_exceptions() <= uncaught_) return;
+  try {
+    trace_->write(path_);
+  } catch (...) {  // the exception in flight is the one to report
+  }
+}
+
 }  // namespace quiver

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -43,6 +44,23 @@ class Trace {
   std::chrono::steady_clock::time_point origin_;
   mutable std::mutex mutex_;
   std::vector<TraceEvent> events_;
+};
+
+// Writes `trace` to `path` if the scope is left by an exception (a NaN loss, a failing kernel):
+// the trace of a run that failed is the one most wanted. A failure to write it is swallowed, so
+// the error that is leaving stays the one reported. Declared after the objects whose work must
+// be finished before writing (they are destroyed first).
+class TraceOnError {
+ public:
+  TraceOnError(const Trace* trace, const std::string& path) : trace_(trace), path_(path) {}
+  ~TraceOnError();
+  TraceOnError(const TraceOnError&) = delete;
+  TraceOnError& operator=(const TraceOnError&) = delete;
+
+ private:
+  const Trace* trace_;
+  const std::string& path_;
+  int uncaught_ = std::uncaught_exceptions();
 };
 
 // 0, 1, 2, ... in the order threads first ask: readable thread ids for traces and tests.

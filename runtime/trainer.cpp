@@ -178,6 +178,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
 
   TrainReport report;
   FitClock clock(test ? options_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_);
+  const TraceOnError trace_on_error(trace_.get(), options_.trace_path);
   int64_t global = 0;
   bool keep_going = true;
   for (int64_t epoch = 1; epoch <= options_.epochs && global < total && keep_going; ++epoch) {

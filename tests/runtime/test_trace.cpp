@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <set>
@@ -117,6 +118,35 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
     }
     std::filesystem::remove(path);
   }
+}
+
+// A run that stops on an error (here a NaN loss) still writes its trace, up to the failing step:
+// that is the trace one wants most. The error that stopped it is the one reported.
+TEST(Trace, ARunStoppedByAnErrorStillWritesItsTrace) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "quiver_test_trace_error.json";
+  std::filesystem::remove(path);
+  TrainOptions options;
+  options.batch = 4;
+  options.eval_batch = 4;
+  options.policy = "serial";
+  options.trace_path = path.string();
+  Trainer trainer(models::mlp(), options);
+  Dataset data;
+  data.count = 8, data.rows = 28, data.cols = 28;
+  data.images.assign(8 * 784, 0.5f);
+  data.labels = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int64_t i = 0; i < 784; ++i) data.images[i] = std::numeric_limits<float>::quiet_NaN();  // sample 0
+  try {
+    trainer.fit(data, nullptr);
+    FAIL() << "a NaN loss must stop training";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("loss is"), std::string::npos) << error.what();
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "no trace at " << path;
+  const nlohmann::json document = nlohmann::json::parse(in);
+  EXPECT_FALSE(document.at("traceEvents").empty());
+  std::filesystem::remove(path);
 }
 
 TEST(Trace, UnwritablePathIsNamed) {
