@@ -566,6 +566,7 @@ void LearnerGroup::load(const std::string& path) {
     throw;
   }
   average_stale_ = false;  // z is the checkpoint's now, not the replica's
+  if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
   rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
 }

@@ -582,6 +582,32 @@ TEST(Checkpoint, RoundTripIsExactAndResumeContinuesTheLossCurve) {
   std::filesystem::remove(path);
 }
 
+// A load is a fresh start from the file's z, whatever the group did before: a group that trained
+// and one that did not step identically after loading the same checkpoint, for SMA (the
+// replicas' momentum and z's last move restart) and synchronous SGD (its momentum restarts).
+TEST(Checkpoint, LoadRestartsEveryMomentum) {
+  Batches data(2 * 8, 23);
+  for (Sync sync : {Sync::Sma, Sync::Ssgd}) {
+    LearnerOptions options{2, 1, SmaOptions{}};
+    options.sync = sync;
+    const std::string path = checkpoint_path("momentum");
+    LearnerGroup trained(models::mlp(), recipe(), options);
+    for (int round = 0; round < 5; ++round) trained.round(data.images.data(), data.labels.data());
+    trained.save(path);
+    LearnerGroup fresh(models::mlp(), recipe(), options);
+    fresh.load(path);
+    trained.load(path);
+    for (int round = 0; round < 2; ++round) {
+      trained.round(data.images.data(), data.labels.data());
+      fresh.round(data.images.data(), data.labels.data());
+    }
+    const Tensor &a = trained.average(), &b = fresh.average();
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.f32()[i], b.f32()[i]) << (sync == Sync::Ssgd ? "ssgd" : "sma") << " parameter " << i;
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   const std::string path = checkpoint_path("bad");
   LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
