@@ -62,7 +62,8 @@ std::string train_usage() {
          "Train a bundled model on Fashion-MNIST on the CPU or a CUDA GPU.\n\n"
          "  --model mlp|cnn|lstm   model to train (default mlp)\n"
          "  --epochs N             passes over the training set (default 1)\n"
-         "  --max-steps N          stop after N steps in all (default 0: no limit)\n"
+         "  --max-steps N          stop after N steps in all (with --learners: N rounds, a batch\n"
+         "                         per learner each; default 0: no limit)\n"
          "  --eval-every N         also evaluate the test set every N batches (default 0: after\n"
          "                         each epoch only)\n"
          "  --batch B              batch size (default 64)\n"
@@ -242,6 +243,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
   if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
   if (multi && command.explain) throw Error("--explain: single-model training only (not with --learners)");
+  if (command.explain && !command.train.device.is_cpu())
+    throw Error("--explain: reports the CPU executor's grants; on --device cuda no executor runs");
+  if (command.threads_per_learner > 0 && !command.train.device.is_cpu())
+    throw Error("--threads-per-learner: CPU learners only (on --device cuda every learner is a CUDA stream)");
   if (command.learners_auto && command.threads_per_learner > 0)
     throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
   if (multi && !command.learners_auto && command.threads_per_learner > 0 &&

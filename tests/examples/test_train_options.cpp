@@ -129,7 +129,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--threads", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"}, "--inter 2 x --intra 2"},
                       BadFlag{{"--threads", "4", "--learners", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"},
                               "each learner's share"},
-                      BadFlag{{"--learners", "auto", "--policy", "fixed"}, "--policy fixed"}),
+                      BadFlag{{"--learners", "auto", "--policy", "fixed"}, "--policy fixed"},
+                      BadFlag{{"--device", "cuda", "--explain"}, "--explain"},
+                      BadFlag{{"--device", "cuda", "--learners", "2", "--threads-per-learner", "1"},
+                              "--threads-per-learner"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)
