@@ -128,7 +128,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
       for (const std::string& kind : from.state_kinds())
         learner->trainer->params().flat_state(kind).copy_from(from.flat_state(kind));
     }
-    learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
+    // After momentum SGD on the CPU the SMA recovers s_j = w_j - v_j: no snapshot buffer needed.
+    if (!sma_from_velocity()) learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
     built.push_back(std::move(learner));
   }
   // Everything that can fail is built before anything is replaced: a refused resize changes nothing.
