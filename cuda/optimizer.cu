@@ -28,7 +28,12 @@ __global__ void adam_kernel(float* w, float* m, float* v, const float* g, const 
                             const float* step, int64_t count, float beta1, float beta2,
                             float epsilon, float weight_decay) {
   const float rate = lr[0], t = step[0];
-  const math::AdamCorrection correction = math::adam_correction(beta1, beta2, t);  // once per thread
+  // Once per block, not per element (a block's threads cover one element each): two FP64 pows,
+  // slow on GPUs with little FP64, computed by one thread and shared.
+  __shared__ math::AdamCorrection shared_correction;
+  if (threadIdx.x == 0) shared_correction = math::adam_correction(beta1, beta2, t);
+  __syncthreads();
+  const math::AdamCorrection correction = shared_correction;
   for (int64_t i = first_index(); i < count; i += grid_stride()) {
     if (!(t >= 1.0f))
       w[i] = kNaN;  // the CPU kernel throws: "step must be >= 1"

@@ -20,7 +20,7 @@ QUIVER_HD inline void sgd_step(float& w, float& v, float g, float lr, float mome
 // are the same for every element, so a kernel computes them once per update (in double), not per
 // element: a powf per element kept the loop scalar and cost more than the step's GEMMs.
 struct AdamCorrection {
-  float first = 1.0f, second = 1.0f;
+  float first, second;  // no initialisers: CUDA kernels keep one in __shared__ memory
 };
 
 QUIVER_HD inline AdamCorrection adam_correction(float beta1, float beta2, float step) {
