@@ -20,7 +20,9 @@ namespace {
 // after the data is loaded and the learners are built.
 void check_readable(const std::string& path, const std::string& flag) {
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) throw Error(cat(flag, ": cannot read '", path, "': no such file"));
+  const bool exists = std::filesystem::exists(path, error);
+  if (error) throw Error(cat(flag, ": cannot read '", path, "': ", error.message()));
+  if (!exists) throw Error(cat(flag, ": cannot read '", path, "': no such file"));
   if (std::filesystem::is_directory(path, error)) throw Error(cat(flag, ": cannot read '", path, "': a directory"));
   if (!std::ifstream(path, std::ios::binary)) throw Error(cat(flag, ": cannot read '", path, "': permission denied"));
 }

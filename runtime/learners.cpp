@@ -15,10 +15,10 @@
 
 namespace quiver {
 
-int64_t learner_bytes(const Trainer& replica) {
+int64_t learner_bytes(const Trainer& replica, bool snapshot) {
   const int64_t parameters = replica.params().flat_size() * 4;
   // parameters, gradients, momentum (or two Adam moments) and the snapshot
-  const int64_t buffers = replica.options().optimizer == "adam" ? 5 : 4;
+  const int64_t buffers = (replica.options().optimizer == "adam" ? 4 : 3) + (snapshot ? 1 : 0);
   return buffers * parameters + replica.train_plan().activation_bytes();
 }
 
@@ -112,11 +112,11 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     if (j < static_cast<int>(devices_.size())) {
       // The first replica on a device exists already: the others need their share of what is left.
       const Device device = replica.device;
-      const int64_t need = (per_device - 1) * learner_bytes(*learner->trainer);
+      const int64_t need = (per_device - 1) * learner_bytes(*learner->trainer, needs_snapshot());
       const int64_t have = device.is_cpu() ? available_memory_bytes() : backend_for(device).free_memory(device.index);
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        (need + learner_bytes(*learner->trainer)) >> 20, " MiB on ", device.str(), ", only ",
+                        (need + learner_bytes(*learner->trainer, needs_snapshot())) >> 20, " MiB on ", device.str(), ", only ",
                         have >> 20, " MiB are available there"));
     }
     drain();
@@ -128,8 +128,9 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
       for (const std::string& kind : from.state_kinds())
         learner->trainer->params().flat_state(kind).copy_from(from.flat_state(kind));
     }
-    // After momentum SGD on the CPU the SMA recovers s_j = w_j - v_j: no snapshot buffer needed.
-    if (!sma_from_velocity()) learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
+    // After momentum SGD on the CPU the SMA recovers s_j = w_j - v_j, and synchronous SGD reads
+    // gradients: only the other SMA paths read a snapshot.
+    if (needs_snapshot()) learner->snapshot = Tensor::zeros(w.shape(), DType::F32, replica.device);
     built.push_back(std::move(learner));
   }
   // Everything that can fail is built before anything is replaced: a refused resize changes nothing.
@@ -224,7 +225,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
   // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is
   // a few hundred. Each learner stages its own batch (on a device: into pinned memory).
-  const bool snapshot = !sma_from_velocity() && !alone();
+  const bool snapshot = needs_snapshot() && !alone();
   auto step = [this, &images, &labels, snapshot](size_t j) {
     Learner& learner = *learners_[j];
     if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
@@ -320,6 +321,8 @@ bool LearnerGroup::sma_from_velocity() const {
   return options_.sync == Sync::Sma && train_.optimizer == "sgd" && train_.device.is_cpu();
 }
 
+bool LearnerGroup::needs_snapshot() const { return options_.sync == Sync::Sma && !sma_from_velocity(); }
+
 double LearnerGroup::evaluate(const Dataset& data) {
   settle();
   refresh_average();
@@ -361,8 +364,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
   const int64_t batch_bytes = batch_ * (features_ * static_cast<int64_t>(sizeof(float)) + sizeof(int32_t));
   const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes);
-  batcher_options.prefetch_depth = static_cast<int>(std::max<int64_t>(
-      2 * options_.max_learners, std::min<int64_t>(4 * options_.max_learners, by_memory)));
+  const int64_t most = std::max(options_.learners, options_.max_learners);  // an explicit k may exceed the tuner's
+  batcher_options.prefetch_depth = static_cast<int>(std::max<int64_t>(2 * most, std::min<int64_t>(4 * most, by_memory)));
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
 
@@ -492,7 +495,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     }
     // An epoch is one pass: the per_epoch % k batches a round of k could not take are dropped, so
     // the next epoch starts at its own first batch (they would shift every later epoch).
-    if (batches_in_epoch + learners() > per_epoch)
+    const bool epoch_complete = batches_in_epoch + learners() > per_epoch;
+    if (epoch_complete)
       for (int64_t left = per_epoch - batches_in_epoch; left > 0; --left) batcher.next();
     settle();  // the epoch's samples/s count finished steps only
     epoch_report.steps = epoch_rounds;
@@ -503,7 +507,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     report.final_loss = epoch_report.mean_loss;
     if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
-    ++epochs_done_;
+    if (epoch_complete) ++epochs_done_;  // a cut epoch (max_rounds, a callback) is started again on resume
     if (epoch_done_ && !epoch_done_(epoch_report)) break;
   }
   report.steps = rounds;
@@ -557,8 +561,7 @@ void LearnerGroup::load(const std::string& path) {
   drain();
   refresh_average();
   // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.
-  Tensor previous = Tensor::zeros(z.shape(), DType::F32, z.device());
-  previous.copy_from(z);
+  const Tensor previous = z.to_cpu();  // on the host: device memory is what build() may run short of
   z.copy_from(scratch);
   try {
     build(learners(), threads_per_learner_);

@@ -73,9 +73,9 @@ struct LearnerOptions {
   int staleness = 0;
 };
 
-// Bytes k learners need (parameters, gradients, optimizer state and snapshot per replica, plus
-// each replica's activations), estimated from one compiled replica.
-int64_t learner_bytes(const Trainer& replica);
+// Bytes one learner needs (parameters, gradients, optimizer state and, with `snapshot`, a
+// pre-step copy of the parameters, plus its activations), estimated from one compiled replica.
+int64_t learner_bytes(const Trainer& replica, bool snapshot = true);
 // MemAvailable from /proc/meminfo in bytes; -1 when unknown.
 int64_t available_memory_bytes();
 
@@ -133,6 +133,9 @@ class LearnerGroup {
   void save(const std::string& path) const;
   void load(const std::string& path);
   int64_t rounds_done() const { return rounds_done_; }
+  // Epochs trained to their end (a cut one, by max_rounds or a callback, does not count): the
+  // next fit(), or a run resumed from a checkpoint, starts the data order after them.
+  int64_t epochs_done() const { return epochs_done_; }
   int staleness() const { return options_.staleness; }
   // Waits until every learner has run every round given to it (a no-op for synchronous rounds)
   // and rethrows a learner's error. Everything that reads z or the replicas calls it first.
@@ -167,6 +170,7 @@ class LearnerGroup {
   std::unique_ptr<DeviceSma> device_sma_;      // on CUDA devices: SMA on sync streams
   std::vector<Device> devices_;               // where learner j lives: devices_[j % size]
   bool sma_from_velocity() const;
+  bool needs_snapshot() const;  // SMA that reads a pre-step copy of the parameters (Adam, CUDA)
   bool alone() const;
   double round_within_staleness(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   void refresh_average() const;

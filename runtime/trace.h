@@ -14,6 +14,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace quiver {
@@ -52,14 +53,14 @@ class Trace {
 // be finished before writing (they are destroyed first).
 class TraceOnError {
  public:
-  TraceOnError(const Trace* trace, const std::string& path) : trace_(trace), path_(path) {}
+  TraceOnError(const Trace* trace, std::string path) : trace_(trace), path_(std::move(path)) {}
   ~TraceOnError();
   TraceOnError(const TraceOnError&) = delete;
   TraceOnError& operator=(const TraceOnError&) = delete;
 
  private:
   const Trace* trace_;
-  const std::string& path_;
+  std::string path_;
   int uncaught_ = std::uncaught_exceptions();
 };
 

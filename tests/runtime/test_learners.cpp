@@ -263,6 +263,13 @@ TEST(Learners, EachEpochIsOnePassAndASecondFitContinuesTheOrder) {
   apart.fit(train, nullptr, 1);
   const Tensor &a = together.average(), &b = apart.average();
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+  EXPECT_EQ(together.epochs_done(), 2);
+  // An epoch cut short does not count: the next fit() starts that epoch's order again.
+  LearnerGroup cut(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  cut.fit(train, nullptr, 1, /*max_rounds=*/1);
+  EXPECT_EQ(cut.epochs_done(), 0);
+  cut.fit(train, nullptr, 1);
+  EXPECT_EQ(cut.epochs_done(), 1);
 }
 
 TEST(Learners, ErrorsAreClear) {
