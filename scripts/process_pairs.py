@@ -12,8 +12,8 @@ Per model and batch, each run times:
   one  : one process, --threads 2 (all cores of a 2-core machine; --threads sets it)
   pair : two processes started together, --threads 1 each; their samples/s are added
 Each process times its own steps after a warm-up (Quiver: after its executor's profiling), and
-both processes of a pair do the same work, so their timed windows overlap; a pair whose two
-durations differ by more than a quarter is reported. The ratio pair / one is taken within a run,
+both processes of a pair do the same work, so their timed windows mostly overlap; a pair whose
+two wall durations (warm-up included) differ by more than a quarter is reported. The ratio pair / one is taken within a run,
 and the table gives medians over runs. Steps are chosen so a timed window lasts about --seconds.
 
 Two independent processes share nothing (no averaging, no barrier): their ratio is the ceiling for
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -112,14 +113,32 @@ def one_process(engine, model, batch, threads, steps, warmup):
 
 
 def process_pair(engine, model, batch, steps, warmup):
-    """Two one-thread processes at once: (sum of samples/s, ratio of their wall durations)."""
+    """Two one-thread processes at once: (sum of samples/s, ratio of their wall durations).
+    Both are waited on at once (a thread each), so each duration is its own; if one fails, the
+    other is stopped."""
     begun = time.monotonic()
     processes = [engine.start(model, batch, 1, steps, warmup) for _ in range(2)]
-    rates, durations = [], []
-    for process in processes:
-        rates.append(engine.finish(process))
-        durations.append(time.monotonic() - begun)
-    return sum(rates), max(durations) / min(durations)
+    results = [None, None]
+
+    def wait(i):
+        try:
+            results[i] = (engine.finish(processes[i]), time.monotonic() - begun)
+        except RuntimeError as error:
+            results[i] = error
+
+    waiters = [threading.Thread(target=wait, args=(i,)) for i in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join()
+    failed = [r for r in results if isinstance(r, RuntimeError)]
+    if failed:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        raise failed[0]
+    (rate_a, seconds_a), (rate_b, seconds_b) = results
+    return rate_a + rate_b, max(seconds_a, seconds_b) / min(seconds_a, seconds_b)
 
 
 def main():
@@ -194,6 +213,9 @@ def main():
         folder = os.path.dirname(os.path.abspath(args.output))
         with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as scratch:
             scratch.write(table)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
         os.replace(scratch.name, args.output)
 
 
