@@ -1,6 +1,7 @@
 #include "ops/pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "core/builder.h"
@@ -81,14 +82,27 @@ KernelFn prepare_grad(const KernelSpec& spec) {
     float* dx = call.outputs[0].f32();             // (B*C, H, W)
     const float* dy = call.inputs[0].f32();        // (B*C, OH, OW)
     const int32_t* argmax = call.inputs[1].i32();  // (B*C, OH, OW)
+    const int64_t plane_size = g.height * g.width;
+    // argmax comes from max_pool2d's forward, but the op is public (apply()): an index outside
+    // the plane is refused rather than written through.
+    std::atomic<int64_t> bad_index{-1};
     call.ctx.parallel_for(g.planes, 8, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
-        float* plane = dx + p * g.height * g.width;
-        std::fill_n(plane, g.height * g.width, 0.0f);
-        for (int64_t o = p * g.out_h * g.out_w; o < (p + 1) * g.out_h * g.out_w; ++o)
-          plane[argmax[o]] += dy[o];  // argmax: from max_pool2d's forward, an index into the plane
+        float* plane = dx + p * plane_size;
+        std::fill_n(plane, plane_size, 0.0f);
+        for (int64_t o = p * g.out_h * g.out_w; o < (p + 1) * g.out_h * g.out_w; ++o) {
+          const int32_t at = argmax[o];
+          if (at < 0 || at >= plane_size) {
+            bad_index.store(o, std::memory_order_relaxed);
+            continue;
+          }
+          plane[at] += dy[o];
+        }
       }
     });
+    if (const int64_t o = bad_index.load(); o >= 0)
+      throw Error(cat("max_pool2d_grad '", call.node.name, "': argmax ", argmax[o], " at ", o,
+                      " is outside the ", g.height, "x", g.width, " plane"));
   };
 }
 

@@ -2,10 +2,13 @@
 // differences, through the one harness (op_harness.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "ops/conv2d.h"
+#include "runtime/param_store.h"
+#include "runtime/plan.h"
 #include "tests/ops/op_harness.h"
 
 namespace quiver::testing {
@@ -216,6 +219,32 @@ std::vector<OpCase> all_cases() {
       reshape_case(),
   };
   return cases;
+}
+
+// max_pool2d_grad scatters dy through argmax; the op is public (apply()), so an argmax outside
+// the plane is an error naming the node, not a write out of bounds.
+TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
+  GraphBuilder b;
+  Value dy = b.input("dy", Shape{1, 1, 2, 2});
+  Value argmax = b.input("argmax", Shape{1, 1, 2, 2}, DType::I32);
+  Attrs attrs;
+  attrs.set("kernel", int64_t{2}).set("shape", std::vector<int64_t>{1, 1, 4, 4});
+  Value dx = b.apply1("max_pool2d_grad", {dy, argmax}, attrs, "scatter");
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {dx});
+  std::fill_n(plan.input("dy").f32(), 4, 1.0f);
+  const int32_t good[4] = {0, 3, 9, 15}, bad[4] = {0, 3, 99, 15};
+  std::copy_n(good, 4, plan.input("argmax").i32());
+  plan.run();
+  EXPECT_EQ(plan.tensor(dx).f32()[9], 1.0f);
+  std::copy_n(bad, 4, plan.input("argmax").i32());
+  try {
+    plan.run();
+    FAIL() << "argmax 99 of a 4x4 plane must be refused";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("'scatter'"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("argmax 99"), std::string::npos) << error.what();
+  }
 }
 
 class OpTest : public ::testing::TestWithParam<OpCase> {};
