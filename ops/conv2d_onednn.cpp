@@ -110,14 +110,14 @@ class OnednnConv {
 
   // inputs: Forward (x, w) -> y; BackwardData (dy, w) -> dx; BackwardWeights (dy, x) -> dw.
   void run(const KernelCall& call) {
-    keep_onednn_on_this_thread();  // primitives made below take their thread count from this thread
+    const OneDnnOnThisThread one_thread;  // primitives made below take their thread count from this thread
     std::vector<std::unique_ptr<Slice>>& slices = slices_for(std::min<int64_t>(call.ctx.threads(), g_.batch));
     const int64_t image_in = g_.channels * g_.height * g_.width, image_out = g_.out_channels * g_.out_plane();
     const float* lhs = call.inputs[0].f32();
     const float* rhs = call.inputs[1].f32();
     float* out = call.outputs[0].f32();
     call.ctx.parallel_for(static_cast<int64_t>(slices.size()), 1, [&](int64_t begin, int64_t end) {
-      keep_onednn_on_this_thread();
+      const OneDnnOnThisThread one_thread_here;
       for (int64_t index = begin; index < end; ++index) {
         Slice& s = *slices[index];
         switch (pass_) {

@@ -17,7 +17,7 @@ void fill_leading_dims(GemmShape& s) {
 }
 
 void sgemm_single_thread(float* c, const float* a, const float* b, const GemmShape& s) {
-  keep_onednn_on_this_thread();
+  const OneDnnOnThisThread one_thread;
   dnnl_status_t status =
       dnnl_sgemm(s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.alpha, a, s.lda,
                  b, s.ldb, s.beta, c, s.ldc);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "ops/conv2d.h"
 #include "runtime/param_store.h"
@@ -219,6 +221,24 @@ std::vector<OpCase> all_cases() {
       reshape_case(),
   };
   return cases;
+}
+
+// oneDNN calls (GEMM, convolution) run at an OpenMP width of one on the thread that makes them,
+// and put the thread's own width back afterwards: the calling thread may be an application's.
+TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 1, 8, 8});
+  Value y = b.conv2d(x, b.parameter("k", Shape{4, 1, 3, 3}, ParamInit::zeros()), {}, "conv");
+  Value z = b.matmul(b.reshape(y, Shape{2, 144}), b.parameter("w", Shape{144, 3}, ParamInit::zeros()), false, false, "fc");
+  ParamStore store(b.graph());
+  PlanOptions options;
+  options.threads = 1;  // the kernels run on this thread
+  Plan plan(b.graph(), store, {z}, options);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(3);
+  plan.run();
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  omp_set_num_threads(before);
 }
 
 // max_pool2d_grad scatters dy through argmax; the op is public (apply()), so an argmax outside
