@@ -31,9 +31,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   LearnerOptions options;
   options.learners = command.learners;
   options.tune = command.learners_auto;
-  options.threads_per_learner = command.threads_per_learner > 0
-                                    ? command.threads_per_learner
-                                    : std::max(1, command.train.threads / command.learners);
+  options.threads_per_learner = learner_threads(command);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;

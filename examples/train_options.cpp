@@ -109,6 +109,11 @@ std::string train_usage() {
          "  --help, -h             this text\n";
 }
 
+int learner_threads(const TrainCommand& command) {
+  return command.threads_per_learner > 0 ? command.threads_per_learner
+                                         : std::max(1, command.train.threads / std::max(1, command.learners));
+}
+
 TrainCommand parse_train_command(const std::vector<std::string>& args) {
   TrainCommand command;
   command.train.threads = available_cores();
@@ -264,9 +269,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.train.policy == "fixed" && command.train.device.is_cpu()) {
     if (command.learners_auto)
       throw Error("--policy fixed: not with --learners auto (the tuner splits the cores among learners)");
-    const int granted = !multi ? command.train.threads
-                        : command.threads_per_learner > 0 ? command.threads_per_learner
-                                                          : std::max(1, command.train.threads / command.learners);
+    const int granted = multi ? learner_threads(command) : command.train.threads;
     if (command.train.inter * command.train.intra > granted)
       throw Error(cat("--inter ", command.train.inter, " x --intra ", command.train.intra, " = ",
                       command.train.inter * command.train.intra, " threads, more than the ", granted, " granted (",

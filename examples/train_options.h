@@ -29,6 +29,9 @@ struct TrainCommand {
 };
 
 TrainCommand parse_train_command(const std::vector<std::string>& args);
+// With --learners N: the threads each learner gets (--threads-per-learner, else an even share of
+// --threads, at least one).
+int learner_threads(const TrainCommand& command);
 std::string train_usage();
 
 }  // namespace quiver
