@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <future>
 #include <random>
@@ -22,6 +23,12 @@ Tensor flat(std::vector<float> values) {
   Tensor t = Tensor::zeros(Shape{static_cast<int64_t>(values.size())});
   std::copy(values.begin(), values.end(), t.f32());
   return t;
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor copy = Tensor::zeros(t.shape());
+  copy.copy_from(t);
+  return copy;
 }
 
 void expect_values(const Tensor& t, std::vector<float> expected, const char* what) {
@@ -51,6 +58,74 @@ TEST(Sma, MatchesAHandComputedTwoLearnerExample) {
   expect_values(w2, {1.175f, 1.575f, 3.3f}, "w2 after round 2");
   sma.reset_replicas(params2);
   expect_values(w1, {1.0f, 1.65f, 3.35f}, "w1 after reset");
+}
+
+// The path CPU training takes after momentum SGD: each snapshot recovered as s_j = w_j - v_j.
+// Same numbers as the hand-computed example above, so the same results.
+TEST(Sma, RoundAfterSgdRecoversTheSnapshotsFromTheVelocities) {
+  Tensor z = flat({1, 2, 3});
+  SmaSync sma(z, 2, SmaOptions{0.5, 0.9});
+  Tensor w1 = flat({0.4f, 2.6f, 2.9f}), w2 = flat({1.6f, 0.9f, 3.6f});
+  Tensor v1 = flat({-0.1f, 0.1f, -0.1f}), v2 = flat({0.1f, -0.1f, 0.1f});
+  std::vector<Tensor> params{w1, w2}, velocities{v1, v2};
+  sma.round_after_sgd(params, velocities, SerialContext());
+  expect_values(w1, {0.65f, 2.35f, 2.9f}, "w1");
+  expect_values(w2, {1.35f, 1.4f, 3.35f}, "w2");
+  expect_values(z, {1.0f, 1.75f, 3.25f}, "z");
+  std::vector<Tensor> too_few{v1};
+  EXPECT_THROW(sma.round_after_sgd(params, too_few, SerialContext()), Error);
+}
+
+// Buffers of several blocks, three learners, the blocks spread over two threads: the same values
+// as one thread, bit for bit (each element's arithmetic is the same whichever thread does it), and
+// the velocity path equal to the snapshot path for s = w - v.
+TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
+  const int64_t n = 3 * 4096 + 5;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto random_buffer = [&] {
+    Tensor t = Tensor::zeros(Shape{n});
+    for (int64_t i = 0; i < n; ++i) t.f32()[i] = uniform(rng);
+    return t;
+  };
+  Tensor z0 = random_buffer();
+  std::vector<Tensor> w0, v;
+  for (int j = 0; j < 3; ++j) {
+    w0.push_back(random_buffer());
+    v.push_back(random_buffer());
+  }
+  auto copies = [](const std::vector<Tensor>& from) {
+    std::vector<Tensor> to;
+    for (const Tensor& t : from) to.push_back(copy_of(t));
+    return to;
+  };
+  Tensor z_serial = copy_of(z0), z_parallel = copy_of(z0), z_snapshots = copy_of(z0);
+  std::vector<Tensor> w_serial = copies(w0), w_parallel = copies(w0), w_snapshots = copies(w0);
+  SmaSync serial(z_serial, 3, SmaOptions{0.3, 0.9}), parallel(z_parallel, 3, SmaOptions{0.3, 0.9}),
+      from_snapshots(z_snapshots, 3, SmaOptions{0.3, 0.9});
+  ThreadBudget two(2);
+  for (int round = 0; round < 2; ++round) {  // the second round carries z's momentum
+    serial.round_after_sgd(w_serial, v, SerialContext());
+    parallel.round_after_sgd(w_parallel, v, two);
+    std::vector<Tensor> s;
+    for (int j = 0; j < 3; ++j) {
+      s.push_back(copy_of(w_snapshots[j]));
+      for (int64_t i = 0; i < n; ++i) s[j].f32()[i] -= v[j].f32()[i];
+    }
+    from_snapshots.round(w_snapshots, s, two);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(z_parallel.f32()[i], z_serial.f32()[i]) << "z[" << i << "]";
+    ASSERT_NEAR(z_snapshots.f32()[i], z_serial.f32()[i], 1e-5) << "z[" << i << "]";
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_EQ(w_parallel[j].f32()[i], w_serial[j].f32()[i]) << "w" << j << "[" << i << "]";
+      ASSERT_NEAR(w_snapshots[j].f32()[i], w_serial[j].f32()[i], 1e-5) << "w" << j << "[" << i << "]";
+    }
+  }
+  // Not a no-op: z moved from where it started.
+  double moved = 0.0;
+  for (int64_t i = 0; i < n; ++i) moved += std::abs(z_serial.f32()[i] - z0.f32()[i]);
+  EXPECT_GT(moved / static_cast<double>(n), 1e-2);
 }
 
 TEST(Sma, RejectsBadOptions) {
