@@ -46,6 +46,7 @@ struct BenchOptions {
 
 BenchOptions parse(int argc, char** argv) {
   BenchOptions o;
+  bool threads_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--no-peer") {
@@ -64,6 +65,7 @@ BenchOptions parse(int argc, char** argv) {
       o.batches.clear();
       for (const std::string& b : split(flag, value)) o.batches.push_back(to_int(flag, b, bench::kMaxBatch));
     } else if (flag == "--threads") {
+      threads_given = true;
       o.threads.clear();
       for (const std::string& t : split(flag, value)) o.threads.push_back(to_int(flag, t, 4096));
     } else if (flag == "--warmup") {
@@ -83,11 +85,16 @@ BenchOptions parse(int argc, char** argv) {
       o.output = value;
     } else if (flag == "--device") {
       o.device = bench::for_flag(flag, [&] { return Device::parse(value); });
-      if (!o.device.is_cpu()) o.peer.clear(), o.threads = {1};
     } else {
       throw Error(cat("unknown option '", flag,
                       "' (--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile)"));
     }
+  }
+  // On a GPU a model runs on one stream: no thread counts to vary, no CPU peer to compare with.
+  if (!o.device.is_cpu()) {
+    if (threads_given) throw Error(cat("--threads: not with --device ", o.device.str(), " (a GPU step has no thread count)"));
+    o.peer.clear();
+    o.threads = {1};
   }
   return o;
 }

@@ -6,6 +6,8 @@ usage: scripts/plot_learners.py learners.md docs/learners.svg
 """
 import sys
 
+from atomic_write import write_atomically  # scripts/atomic_write.py
+
 
 def read_table(path):
     """The learner counts in ascending order and, per table row, its name and its ratios to
@@ -27,6 +29,8 @@ def read_table(path):
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         single = float(cells[first])
+        if not single > 0:
+            raise ValueError(f"{path}: single-stream samples/s of '{cells[0]} b{cells[1]}' is {cells[first]}, not positive")
         rates = [float(c) for c in cells[first + 1:first + 1 + len(ks)]]
         name = f"{cells[0]} b{cells[1]}" + (f" s{cells[2]}" if gated else "")
         rows.append((name, [rates[i] / single for i in order]))
@@ -72,11 +76,10 @@ def main():
     except (OSError, ValueError, IndexError) as error:
         sys.exit(f"plot_learners: {error}")
     text = svg(ks, rows, "k learners with SMA vs single-stream (dashed: 1.0)")
-    temporary = sys.argv[2] + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(text)
-    import os
-    os.replace(temporary, sys.argv[2])
+    try:
+        write_atomically(sys.argv[2], text)
+    except OSError as error:
+        sys.exit(f"plot_learners: cannot write {sys.argv[2]}: {error}")
 
 
 if __name__ == "__main__":

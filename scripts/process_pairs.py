@@ -29,9 +29,10 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+from atomic_write import write_atomically  # scripts/atomic_write.py
 
 
 def positive_int(text):
@@ -125,6 +126,9 @@ def process_pair(engine, model, batch, steps, warmup):
             results[i] = (engine.finish(processes[i]), time.monotonic() - begun)
         except RuntimeError as error:
             results[i] = error
+            other = processes[1 - i]
+            if other.poll() is None:  # its own waiter then reports it as stopped
+                other.kill()
 
     waiters = [threading.Thread(target=wait, args=(i,)) for i in range(2)]
     for waiter in waiters:
@@ -133,10 +137,8 @@ def process_pair(engine, model, batch, steps, warmup):
         waiter.join()
     failed = [r for r in results if isinstance(r, RuntimeError)]
     if failed:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        raise failed[0]
+        # The first process to fail is the cause; the other one may only have been stopped.
+        raise min(failed, key=lambda error: 0 if "exited -9" not in str(error) else 1)
     (rate_a, seconds_a), (rate_b, seconds_b) = results
     return rate_a + rate_b, max(seconds_a, seconds_b) / min(seconds_a, seconds_b)
 
@@ -170,6 +172,8 @@ def main():
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             sys.exit(f"process_pairs.py: --output: cannot write in {folder}")
+        if os.path.isdir(args.output):
+            sys.exit(f"process_pairs.py: --output: {args.output} is a directory")
 
     print(f"# samples/s: one process x 2 threads vs two processes x 1 thread at once, median of {args.runs} runs, "
           f"~{args.seconds:g} s timed windows, {os.cpu_count()} cores")
@@ -210,13 +214,10 @@ def main():
     for line in uneven:
         print(f"# uneven pair: {line}")
     if args.output:
-        folder = os.path.dirname(os.path.abspath(args.output))
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as scratch:
-            scratch.write(table)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
-        os.replace(scratch.name, args.output)
+        try:
+            write_atomically(args.output, table)
+        except OSError as error:
+            sys.exit(f"process_pairs.py: --output: cannot write {args.output}: {error}")
 
 
 if __name__ == "__main__":

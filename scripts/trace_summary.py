@@ -32,6 +32,13 @@ def feeder_summary(events):
     return 0
 
 
+def complete(event):
+    """A complete-duration op event with the fields the summaries read."""
+    return (isinstance(event, dict) and event.get("ph") == "X" and
+            all(isinstance(event.get(key), (int, float)) for key in ("pid", "tid", "ts", "dur")) and
+            isinstance(event.get("args"), dict) and "step" in event["args"])
+
+
 def main(argv):
     parser = argparse.ArgumentParser(prog="trace_summary.py", description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("trace", help="a trace written by quiver-train --trace")
@@ -40,10 +47,15 @@ def main(argv):
     args = parser.parse_args(argv[1:])
     try:
         with open(args.trace) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+            listed = json.load(f)["traceEvents"]
+        events = [e for e in listed if complete(e)]
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"trace_summary: {args.trace}: not a readable Chrome trace ({error})", file=sys.stderr)
         return 1
+    skipped = sum(1 for e in listed if isinstance(e, dict) and e.get("ph") == "X") - len(events)
+    if skipped:
+        print(f"trace_summary: skipped {skipped} event(s) without pid, tid, ts, dur or args.step "
+              "(not written by Quiver?)", file=sys.stderr)
     if args.feeder:
         return feeder_summary(events)
     only = args.step
@@ -71,8 +83,8 @@ def main(argv):
         who = f"learner {pid - 2}, " if pid >= 2 else ""
         print(f"{who}step {step}: {end - begin} us wall, {len(ops)} ops; busy {threads}")
         for overlap, a, b in sorted(pairs, key=lambda p: -p[0])[:8]:
-            print(f"  {overlap:6d} us side by side: {a['name']} ({a['args']['granted_threads']} thr, thread {a['tid']})"
-                  f" | {b['name']} ({b['args']['granted_threads']} thr, thread {b['tid']})")
+            print(f"  {overlap:6d} us side by side: {a['name']} ({a['args'].get('granted_threads', '?')} thr, thread {a['tid']})"
+                  f" | {b['name']} ({b['args'].get('granted_threads', '?')} thr, thread {b['tid']})")
     return 0
 
 
