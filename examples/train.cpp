@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
     std::cout << train_usage();
     return 0;
   }
+  for (const std::string& warning : command.warnings) std::cerr << "quiver-train: warning: " << warning << "\n";
   try {
     std::string dir = command.data_dir.empty() ? default_fashion_mnist_dir() : command.data_dir;
     Dataset train = load_fashion_mnist(dir, Split::Train);

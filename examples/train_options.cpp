@@ -256,11 +256,23 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error("--threads-per-learner: CPU learners only (on --device cuda every learner is a CUDA stream)");
   if (command.learners_auto && command.threads_per_learner > 0)
     throw Error("--threads-per-learner: not with --learners auto (the tuner splits the cores)");
+  // --threads is the budget: learners of an explicit size must fit in it (raise --threads to run
+  // more threads than cores on purpose; that is then warned about below).
   if (multi && !command.learners_auto && command.threads_per_learner > 0 &&
-      command.learners * command.threads_per_learner > 4 * command.train.threads)
+      command.learners * command.threads_per_learner > command.train.threads)
     throw Error(cat("--learners ", command.learners, " x --threads-per-learner ", command.threads_per_learner,
-                    " asks for ", command.learners * command.threads_per_learner, " threads on ",
-                    command.train.threads, " cores"));
+                    " = ", command.learners * command.threads_per_learner, " threads, more than --threads ",
+                    command.train.threads));
+  if (command.train.device.is_cpu()) {
+    const int running = multi && !command.learners_auto ? command.learners * learner_threads(command)
+                                                        : command.train.threads;
+    if (running > available_cores())
+      command.warnings.push_back(cat(running, " threads on ", available_cores(), " cores",
+                                     multi && !command.learners_auto ? cat(" (", command.learners, " learners x ",
+                                                                            learner_threads(command), ")")
+                                                                      : std::string(),
+                                     ": they will take turns on the cores, and throughput will suffer"));
+  }
   if (!inter_or_intra.empty() && command.train.policy != "fixed")
     throw Error(cat(inter_or_intra, ": only with --policy fixed (the ", command.train.policy,
                     " policy chooses its own threads)"));

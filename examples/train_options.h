@@ -26,6 +26,7 @@ struct TrainCommand {
   int gpus = 1;  // with --device cuda and --learners: learners spread over this many GPUs
   std::string checkpoint;  // with --learners: save the average model here after training
   std::string resume;      // with --learners: start from this checkpoint
+  std::vector<std::string> warnings;  // valid but unwise choices (more threads than cores), to print
 };
 
 TrainCommand parse_train_command(const std::vector<std::string>& args);

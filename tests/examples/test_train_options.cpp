@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "examples/train_options.h"
+#include "runtime/thread_budget.h"
 
 namespace quiver {
 namespace {
@@ -43,8 +44,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--profile-cache", "p.json"}).train.profile_cache, "p.json");
   const std::string resume = ::testing::TempDir() + "quiver-test-resume.ckpt";  // --resume must be readable
   std::ofstream(resume) << "x";
-  c = parse_train_command({"--learners", "4", "--threads-per-learner", "1", "--alpha", "0.25", "--checkpoint",
-                           "z.ckpt", "--resume", resume});
+  c = parse_train_command({"--learners", "4", "--threads-per-learner", "1", "--threads", "4", "--alpha", "0.25",
+                           "--checkpoint", "z.ckpt", "--resume", resume});
   EXPECT_EQ(c.learners, 4);
   EXPECT_FALSE(c.learners_auto);
   EXPECT_EQ(c.threads_per_learner, 1);
@@ -56,6 +57,23 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--learners", "2", "--sync", "ssgd"}).sync, "ssgd");
   EXPECT_TRUE(parse_train_command({"--learners", "auto"}).learners_auto);
   EXPECT_EQ(parse_train_command({"--learners", "2", "--trace", "t.json"}).train.trace_path, "t.json");
+}
+
+// More threads than cores is allowed when asked for (--threads, or more learners than threads) but
+// warned about; the defaults never are.
+TEST(TrainOptions, WarnsAboutMoreThreadsThanCores) {
+  const std::string over = std::to_string(available_cores() + 1);
+  EXPECT_TRUE(parse_train_command({}).warnings.empty());
+  EXPECT_TRUE(parse_train_command({"--learners", "auto"}).warnings.empty());
+  EXPECT_TRUE(parse_train_command({"--learners", std::to_string(available_cores())}).warnings.empty());
+  std::vector<std::string> warnings = parse_train_command({"--threads", over}).warnings;
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(over + " threads on " + std::to_string(available_cores()) + " cores"), std::string::npos)
+      << warnings[0];
+  warnings = parse_train_command({"--learners", over}).warnings;
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("(" + over + " learners x 1)"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(parse_train_command({"--device", "cuda", "--learners", over}).warnings.empty());  // streams, not threads
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -132,7 +150,14 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "auto", "--policy", "fixed"}, "--policy fixed"},
                       BadFlag{{"--device", "cuda", "--explain"}, "--explain"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--threads-per-learner", "1"},
-                              "--threads-per-learner"}),
+                              "--threads-per-learner"},
+                      BadFlag{{"--threads", "2", "--learners", "2", "--threads-per-learner", "2"},
+                              "--learners 2 x --threads-per-learner 2 = 4 threads, more than --threads 2"},
+                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--optimizer", "adam"}, "--sync ssgd"},
+                      BadFlag{{"--learners", "2", "--alpha", "-0.1"}, "--alpha"},
+                      BadFlag{{"--learners", "2", "--alpha", "nan"}, "--alpha"},
+                      BadFlag{{"--learners", "2", "--gpus", "2"}, "--gpus"},
+                      BadFlag{{"--learners", "257"}, "--learners"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)
