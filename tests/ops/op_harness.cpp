@@ -105,6 +105,13 @@ void expect_close(const Host& got, const Host& expected, double tolerance, const
 
 }  // namespace
 
+std::vector<std::string> op_kinds_of(const OpCase& op_case) {
+  const CaseGraph graph(op_case, /*with_backward=*/true);
+  std::vector<std::string> kinds;
+  for (const Node& node : graph.builder.graph().nodes()) kinds.push_back(node.op);
+  return kinds;
+}
+
 static PlanOptions plan_options(int threads, const std::string& prefer_kernel) {
   PlanOptions options;
   options.threads = threads;

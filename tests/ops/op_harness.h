@@ -54,5 +54,7 @@ inline void PrintTo(const OpCase& op_case, std::ostream* out) { *out << op_case.
 void check_forward(const OpCase& op_case);
 void check_gradient(const OpCase& op_case);
 void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel);
+// The op kinds of the case's graph with its backward: what check_forward / check_gradient run.
+std::vector<std::string> op_kinds_of(const OpCase& op_case);
 
 }  // namespace quiver::testing

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <set>
 
 #include <omp.h>
 
+#include "core/autodiff.h"
 #include "core/error.h"
 #include "ops/conv2d.h"
 #include "runtime/param_store.h"
@@ -265,6 +268,62 @@ TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
     EXPECT_NE(std::string(error.what()).find("'scatter'"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("argmax 99"), std::string::npos) << error.what();
   }
+}
+
+// The kinks the finite-difference cases stay away from, through the graph and autodiff: the
+// gradient of sum(op(x) * r) with respect to x, for chosen x.
+std::vector<float> gradient_at(const std::function<Value(GraphBuilder&, Value)>& op, const Shape& shape,
+                               const std::vector<float>& x) {
+  GraphBuilder b;
+  Value in = b.parameter("x", shape, ParamInit::zeros());
+  Value y = op(b, in);
+  const int64_t count = b.shape(y).numel();
+  Value r = b.input("r", Shape{count, 1});
+  build_backward(b, b.reshape(b.matmul(b.reshape(y, Shape{1, count}), r), Shape{}));
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {Value{b.graph().params()[0].grad}});
+  std::copy(x.begin(), x.end(), store.param(0).f32());
+  for (int64_t k = 0; k < count; ++k) plan.input("r").f32()[k] = static_cast<float>(k + 2);  // r = 2, 3, 4, ...
+  plan.run();
+  const float* dx = store.flat_grads().f32() + store.slots()[0].offset;  // the flat buffer is padded
+  return std::vector<float>(dx, dx + shape.numel());
+}
+
+TEST(Kinks, ReluPassesNoGradientAtZero) {
+  const std::vector<float> dx =
+      gradient_at([](GraphBuilder& b, Value x) { return b.relu(x); }, Shape{1, 4}, {0.0f, -0.0f, 1.0f, -1.0f});
+  EXPECT_EQ(dx, (std::vector<float>{0.0f, 0.0f, 4.0f, 0.0f}));
+}
+
+TEST(Kinks, MaxPoolTiesSendTheGradientToTheFirstMaximum) {
+  // All equal: each 2x2 window's gradient goes to its first element in row-major order.
+  std::vector<float> dx = gradient_at([](GraphBuilder& b, Value x) { return b.max_pool2d(x, 2, 2); },
+                                      Shape{1, 1, 4, 4}, std::vector<float>(16, 1.0f));
+  EXPECT_EQ(dx, (std::vector<float>{2, 0, 3, 0, 0, 0, 0, 0, 4, 0, 5, 0, 0, 0, 0, 0}));
+  // 7x7 with 2x2 windows of stride 2: row 6 and column 6 are in no window and get no gradient.
+  std::vector<float> x(49);
+  for (size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k);  // each window's maximum: bottom right
+  dx = gradient_at([](GraphBuilder& b, Value in) { return b.max_pool2d(in, 2, 2); }, Shape{1, 1, 7, 7}, x);
+  float total = 0.0f;
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t j = 0; j < 7; ++j) {
+      const float expected = (i % 2 == 1 && j % 2 == 1 && i < 6 && j < 6) ? static_cast<float>(2 + (i / 2) * 3 + j / 2) : 0.0f;
+      EXPECT_EQ(dx[i * 7 + j], expected) << "dx[" << i << "][" << j << "]";
+      total += dx[i * 7 + j];
+    }
+  EXPECT_EQ(total, 2.0f + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10);
+}
+
+// Every registered op kind is run by a case here (forward or its backward), or by the optimizer's
+// own closed-form tests (test_optimizer.cpp): a new op without a test fails here.
+TEST(OpCases, RunEveryRegisteredKind) {
+  std::set<std::string> covered = {"sgd_update", "adam_update"};  // tests/ops/test_optimizer.cpp
+  for (const OpCase& op_case : all_cases())
+    for (const std::string& kind : op_kinds_of(op_case)) covered.insert(kind);
+  const std::vector<std::string> kinds = OpRegistry::global().kinds();
+  ASSERT_GT(kinds.size(), 20u) << "the registry looks empty";
+  for (const std::string& kind : kinds)
+    EXPECT_TRUE(covered.count(kind)) << "op kind '" << kind << "' is registered but no case in tests/ops/test_ops.cpp runs it";
 }
 
 class OpTest : public ::testing::TestWithParam<OpCase> {};
