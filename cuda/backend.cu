@@ -76,10 +76,16 @@ class CachingAllocator {
     if (pool.free.empty() && pool.released.empty()) return;
     use_device(device);
     QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
-    for (auto& [size, block] : pool.free) QUIVER_CUDA_CHECK(cudaFree(block));
-    for (auto& [size, block] : pool.released) QUIVER_CUDA_CHECK(cudaFree(block));
+    // Out of the lists before anything is freed: a failing cudaFree must not leave a freed block
+    // listed for allocate() to hand out again. The first failure is reported after the rest.
+    std::vector<std::pair<int64_t, void*>> blocks(pool.free.begin(), pool.free.end());
+    blocks.insert(blocks.end(), pool.released.begin(), pool.released.end());
     pool.free.clear();
     pool.released.clear();
+    cudaError_t first_error = cudaSuccess;
+    for (auto& [size, block] : blocks)
+      if (cudaError_t status = cudaFree(block); status != cudaSuccess && first_error == cudaSuccess) first_error = status;
+    QUIVER_CUDA_CHECK(first_error);
   }
 
   // Bytes held for reuse (free or waiting) on `device`.

@@ -80,11 +80,19 @@ StreamContext::Staging& StreamContext::next_staging(int64_t bytes) const {
   // The copy that last read this buffer must be done before the host writes it again.
   QUIVER_CUDA_CHECK(cudaEventSynchronize(staging.copied));
   if (staging.bytes < bytes) {
-    if (staging.host) QUIVER_CUDA_CHECK(cudaFreeHost(staging.host));
-    staging.host = nullptr;
-    staging.bytes = 0;
-    QUIVER_CUDA_CHECK(cudaMallocHost(&staging.host, static_cast<size_t>(bytes)));
-    staging.bytes = bytes;
+    // The whole ring grows at once, so a step's largest copy (its batch) sizes every buffer in the
+    // first step, wherever it falls in the ring: a step makes fewer copies than the ring holds and
+    // not a divisor of them, so growing one buffer at a time would reallocate over the first
+    // steps, into those that capture CUDA graphs (cudaMallocHost and cudaFreeHost may synchronise).
+    for (Staging& buffer : staging_) {
+      if (buffer.bytes >= bytes) continue;
+      QUIVER_CUDA_CHECK(cudaEventSynchronize(buffer.copied));  // uploads are asynchronous
+      if (buffer.host) QUIVER_CUDA_CHECK(cudaFreeHost(buffer.host));
+      buffer.host = nullptr;
+      buffer.bytes = 0;
+      QUIVER_CUDA_CHECK(cudaMallocHost(&buffer.host, static_cast<size_t>(bytes)));
+      buffer.bytes = bytes;
+    }
   }
   return staging;
 }

@@ -7,7 +7,7 @@
 // at the first call from cudnnGet*Algorithm_v7 (a heuristic query: nothing runs, nothing waits)
 // and kept. The choice prefers, in this order: a workspace of at most kMaxWorkspaceBytes,
 // FP32 FMA math (no TF32 tensor cores, so results match the CPU to float rounding), a
-// deterministic algorithm (no atomics: a step repeats bit for bit), then cuDNN's speed ranking.
+// deterministic algorithm (no atomics: a convolution repeats bit for bit), then cuDNN's speed ranking.
 // The workspace comes from the stream's shared scratch buffer.
 #include <cstdint>
 #include <limits>
