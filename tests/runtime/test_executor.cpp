@@ -16,6 +16,7 @@
 #include <thread>
 #include <random>
 
+#include "core/autodiff.h"
 #include "core/error.h"
 #include "models/models.h"
 #include "ops/kernel_util.h"
@@ -90,16 +91,24 @@ INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicy,
                                   std::to_string(info.param.inter) + "x" + std::to_string(info.param.intra);
                          });
 
-// Random DAGs of elementwise ops and matmuls with fan-out and reuse of earlier values: with one
-// thread per op (fixed 2x1) the concurrent executor's results equal the serial reference bit for
-// bit; auto, which may split a matmul over two threads, agrees to float rounding. Auto runs 8
-// steps: 3 profiling ones, then scheduled ones.
+// Random DAGs of elementwise ops and matmuls with fan-out and reuse of earlier values, and in
+// every other trial their backward (gradients accumulated over the fan-out): with one thread per
+// op (fixed 2x1) the concurrent executor's results equal the serial reference bit for bit; intra,
+// fixed 1x2 and auto, which may split a matmul over two threads, agree to float rounding. Auto runs
+// 8 steps: 3 profiling ones, then scheduled ones.
 TEST(Executor, RandomDagsMatchSerial) {
+  const std::vector<ExecutorOptions> concurrent = {executor_options(Policy::Fixed, 1, 2, 1),
+                                                   executor_options(Policy::Intra, 2),
+                                                   executor_options(Policy::Fixed, 1, 1, 2),
+                                                   executor_options(Policy::Auto, 2)};
   for (int trial = 0; trial < 20; ++trial) {
     std::mt19937 rng(100 + trial);
+    const bool backward = trial % 2 == 1;
     GraphBuilder b;
     const int64_t n = 4 + rng() % 12;
-    std::vector<Value> values{b.input("x", Shape{n, n}), b.input("y", Shape{n, n})};
+    // With a backward, x is a parameter: its gradient sums every path from x to the loss.
+    std::vector<Value> values{backward ? b.parameter("x", Shape{n, n}, ParamInit::zeros()) : b.input("x", Shape{n, n}),
+                              b.input("y", Shape{n, n})};
     const int nodes = 10 + static_cast<int>(rng() % 30);
     for (int i = 0; i < nodes; ++i) {
       Value a = values[rng() % values.size()], c = values[rng() % values.size()];
@@ -112,23 +121,30 @@ TEST(Executor, RandomDagsMatchSerial) {
       }
     }
     std::vector<Value> fetches(values.end() - 3, values.end());
+    if (backward) {
+      Value sum = b.add(b.add(fetches[0], fetches[1]), fetches[2]);
+      Value loss = b.reshape(b.matmul(b.reshape(sum, Shape{1, n * n}), b.input("r", Shape{n * n, 1})), Shape{});
+      build_backward(b, loss);
+      fetches.push_back(Value{b.graph().params()[0].grad});
+    }
     ParamStore store(b.graph());
-    std::vector<std::vector<float>> results[3];
-    for (int variant = 0; variant < 3; ++variant) {
+    std::vector<std::vector<std::vector<float>>> results(concurrent.size() + 1);
+    for (size_t variant = 0; variant <= concurrent.size(); ++variant) {
       Plan plan(b.graph(), store, fetches);
       std::mt19937 fill(7);
       std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-      for (const char* name : {"x", "y"})
-        for (int64_t k = 0; k < n * n; ++k) plan.input(name).f32()[k] = unit(fill);
+      const Tensor& x = backward ? store.param(0) : plan.input("x");
+      for (int64_t k = 0; k < n * n; ++k) x.f32()[k] = unit(fill);
+      for (int64_t k = 0; k < n * n; ++k) plan.input("y").f32()[k] = unit(fill);
+      if (backward)
+        for (int64_t k = 0; k < n * n; ++k) plan.input("r").f32()[k] = unit(fill);
       if (variant == 0) {
         plan.run();
-      } else if (variant == 1) {
-        Executor executor(plan, executor_options(Policy::Fixed, 1, 2, 1));
-        executor.run();
       } else {
-        Executor executor(plan, executor_options(Policy::Auto, 2));
-        for (int step = 0; step < 8; ++step) executor.run();
-        ASSERT_TRUE(executor.profiled());
+        const ExecutorOptions& options = concurrent[variant - 1];
+        Executor executor(plan, options);
+        for (int step = 0; step < (options.policy == Policy::Auto ? 8 : 1); ++step) executor.run();
+        if (options.policy == Policy::Auto) ASSERT_TRUE(executor.profiled());
       }
       for (Value fetch : fetches) {
         const Tensor& t = plan.tensor(fetch);
@@ -136,9 +152,11 @@ TEST(Executor, RandomDagsMatchSerial) {
       }
     }
     for (size_t f = 0; f < fetches.size(); ++f) {
-      ASSERT_EQ(results[0][f], results[1][f]) << "trial " << trial;
-      for (size_t i = 0; i < results[0][f].size(); ++i)
-        ASSERT_NEAR(results[2][f][i], results[0][f][i], 1e-5 * std::abs(results[0][f][i]) + 1e-6) << "trial " << trial;
+      ASSERT_EQ(results[1][f], results[0][f]) << "trial " << trial << ", fixed 2x1, fetch " << f;
+      for (size_t variant = 2; variant < results.size(); ++variant)
+        for (size_t i = 0; i < results[0][f].size(); ++i)
+          ASSERT_NEAR(results[variant][f][i], results[0][f][i], 1e-5 * std::abs(results[0][f][i]) + 1e-6)
+              << "trial " << trial << ", " << name_of(concurrent[variant - 1].policy) << ", fetch " << f;
     }
   }
 }
@@ -230,10 +248,11 @@ std::map<int, uint64_t> thread_cpu_ns() {
 }
 
 // The oneDNN path (convolutions and GEMMs; oneDNN is built with OpenMP on Debian) honours its
-// grant too: measured by the OS, not by Quiver's own bookkeeping. The costliest oneDNN steps of a
-// CNN step run many times in a budget of k threads, and the threads of the process that gained
-// a real share of CPU time meanwhile are counted: at most k. Without the kernels' OpenMP width
-// of one, oneDNN's own OpenMP team shows up here as an extra busy thread.
+// grant too: measured by the OS, not by Quiver's own bookkeeping. The oneDNN steps of a CNN step,
+// then every step of it (Quiver's own kernels too), run many times in a budget of k threads, and
+// the threads of the process that gained a real share of CPU time meanwhile are counted: at most
+// k. Without the kernels' OpenMP width of one, oneDNN's own OpenMP team shows up here as an extra
+// busy thread; a kernel that started threads of its own would too.
 TEST(Executor, OneDnnKernelsStayWithinTheirGrant) {
   if (thread_cpu_ns().empty()) GTEST_SKIP() << "/proc/self/task/*/schedstat is not readable here";
   TrainOptions train;
@@ -249,25 +268,31 @@ TEST(Executor, OneDnnKernelsStayWithinTheirGrant) {
     if (kernel.find("onednn") != std::string::npos) onednn_steps.push_back(p);
   }
   ASSERT_GE(onednn_steps.size(), 4u) << "the CNN step should run convolutions and GEMMs through oneDNN";
-  for (int k : {1, 2}) {
-    ThreadBudget budget(k);
-    for (int p : onednn_steps) plan.run_step(p, budget, 0);  // warm the arena's workers
-    std::map<int, uint64_t> before = thread_cpu_ns();
-    for (int repeat = 0; repeat < 10; ++repeat)
-      for (int p : onednn_steps) plan.run_step(p, budget, 0);
-    std::map<int, uint64_t> after = thread_cpu_ns();
-    uint64_t busiest = 0;
-    std::map<int, uint64_t> gained;
-    for (auto [tid, ns] : after) {
-      gained[tid] = ns - (before.count(tid) ? before[tid] : 0);
-      busiest = std::max(busiest, gained[tid]);
+  std::vector<int> every_step(plan.steps().size());
+  for (size_t p = 0; p < every_step.size(); ++p) every_step[p] = static_cast<int>(p);
+  // The oneDNN steps alone, then the whole step (Quiver's own kernels too), in budgets of k.
+  for (const std::vector<int>* steps : {&onednn_steps, &every_step}) {
+    for (int k : {1, 2}) {
+      SCOPED_TRACE(steps == &onednn_steps ? "oneDNN steps" : "every step");
+      ThreadBudget budget(k);
+      for (int p : *steps) plan.run_step(p, budget, 0);  // warm the arena's workers
+      std::map<int, uint64_t> before = thread_cpu_ns();
+      for (int repeat = 0; repeat < 10; ++repeat)
+        for (int p : *steps) plan.run_step(p, budget, 0);
+      std::map<int, uint64_t> after = thread_cpu_ns();
+      uint64_t busiest = 0;
+      std::map<int, uint64_t> gained;
+      for (auto [tid, ns] : after) {
+        gained[tid] = ns - (before.count(tid) ? before[tid] : 0);
+        busiest = std::max(busiest, gained[tid]);
+      }
+      int busy = 0;
+      for (auto [tid, ns] : gained) busy += ns > busiest / 5;
+      std::string detail;
+      for (auto [tid, ns] : gained) detail += cat(" ", tid, ":", ns / 1000, "us");
+      EXPECT_LE(busy, k) << "threads with over a fifth of the busiest thread's CPU time, budget " << k << ":" << detail;
+      EXPECT_GE(busy, 1);
     }
-    int busy = 0;
-    for (auto [tid, ns] : gained) busy += ns > busiest / 5;
-    std::string detail;
-    for (auto [tid, ns] : gained) detail += cat(" ", tid, ":", ns / 1000, "us");
-    EXPECT_LE(busy, k) << "threads with over a fifth of the busiest thread's CPU time, budget " << k << ":" << detail;
-    EXPECT_GE(busy, 1);
   }
 }
 
@@ -328,7 +353,11 @@ TEST(Executor, ThrowingKernelCancelsTheStepAndNamesTheNode) {
   Value out = b.add(b.add(left, right), bad);
   ParamStore store(b.graph());
   Plan plan(b.graph(), store, {out});
-  for (Policy policy : {Policy::Fixed, Policy::Auto}) {
+  const std::string last = b.graph().node(b.graph().value(out.id).producer).name;  // reads the bad node
+  for (Policy policy : {Policy::Serial, Policy::Intra, Policy::Fixed, Policy::Auto}) {
+    SCOPED_TRACE(name_of(policy));
+    Trace trace;
+    plan.set_trace(&trace);
     Executor executor(plan, executor_options(policy, 2, 2, 1));
     for (int attempt = 0; attempt < 6; ++attempt) {  // the executor stays usable after an error
       try {
@@ -338,6 +367,11 @@ TEST(Executor, ThrowingKernelCancelsTheStepAndNamesTheNode) {
         EXPECT_NE(std::string(error.what()).find("the_bad_node"), std::string::npos) << error.what();
       }
     }
+    // Cancelled: nothing that needs the failed node's output ever started.
+    const std::vector<TraceEvent> events = trace.events();
+    EXPECT_FALSE(events.empty()) << "the other ops are traced";
+    for (const TraceEvent& event : events) EXPECT_NE(event.name, last) << "'" << last << "' ran after the failure";
+    plan.set_trace(nullptr);
   }
 }
 
@@ -352,10 +386,21 @@ TEST(Executor, ThousandConsecutiveSteps) {
   std::vector<float> images(4 * 784);
   for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<float>((i * 7919) % 255) / 255.0f;
   std::vector<int32_t> labels = {1, 3, 5, 7};
+  TrainOptions reference_options = options;
+  reference_options.policy = "";  // Plan::run, one thread
+  reference_options.threads = 1;
+  Trainer reference(models::mlp(), reference_options);
   double loss = 0.0;
-  for (int step = 0; step < 1000; ++step) loss = trainer.train_step(images.data(), labels.data());
+  for (int step = 0; step < 1000; ++step) {
+    loss = trainer.train_step(images.data(), labels.data());
+    reference.train_step(images.data(), labels.data());
+  }
   EXPECT_LT(loss, 0.01);  // four fixed samples are memorised
   EXPECT_TRUE(trainer.executor()->profiled());
+  // Long past profiling and trials, the settled schedule computes what the serial reference does.
+  const Tensor &w = trainer.params().flat_params(), &r = reference.params().flat_params();
+  for (int64_t i = 0; i < w.numel(); ++i)
+    ASSERT_NEAR(w.f32()[i], r.f32()[i], 1e-3 * std::abs(r.f32()[i]) + 1e-4) << "parameter " << i;
 }
 
 TEST(Executor, RejectsBadPolicies) {
