@@ -1,11 +1,16 @@
 // Learners and SMA: SMA against a hand-computed 2-learner example, one learner with alpha 0
 // against plain momentum SGD, reproducibility, convergence of several learners, bad options; the
-// staleness bound (the clock gate, hand-computed absorption, one learner equal to synchronous SMA).
+// staleness bound (the clock gate, hand-computed absorption, one learner equal to synchronous SMA);
+// checkpoints of the average model (round trip, resume, corrupt files).
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
 #include <thread>
@@ -614,28 +619,27 @@ TEST(Learners, StalenessOptionsAreChecked) {
   }
 }
 
+// Twice as many replicas as the available memory holds: refused while the first is built, with
+// the count, the model, the batch and the memory named.
 TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
+  if (available_memory_bytes() <= 0) GTEST_SKIP() << "available memory unknown here (no /proc/meminfo)";
   TrainOptions train = recipe();
   train.batch = 512;
+  const int64_t per_learner = learner_bytes(Trainer(models::mlp(), train), false);
+  const int64_t too_many = 2 * available_memory_bytes() / per_learner + 2;
+  ASSERT_LT(too_many, int64_t{1} << 30);
   try {
-    LearnerGroup group(models::mlp(), train, LearnerOptions{1000000, 1, SmaOptions{}});
-    FAIL() << "a million replicas cannot fit";
+    LearnerGroup group(models::mlp(), train, LearnerOptions{static_cast<int>(too_many), 1, SmaOptions{}});
+    FAIL() << too_many << " replicas of " << per_learner << " bytes cannot fit";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("MiB are available"), std::string::npos) << error.what();
+    const std::string message = error.what();
+    EXPECT_NE(message.find(cat("learners: ", too_many, " replicas of 'mlp' at batch 512 need about ")), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("MiB are available"), std::string::npos) << message;
   }
 }
 
-}  // namespace
-}  // namespace quiver
 
-#include <zlib.h>
-
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-
-namespace quiver {
-namespace {
 
 std::string checkpoint_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("quiver_ckpt_" + std::to_string(::getpid()) + "_" + name)).string();
