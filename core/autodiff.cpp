@@ -10,9 +10,9 @@ namespace quiver {
 
 namespace {
 
-// Sums the contributions to one value's gradient with a chain of add nodes.
-Value sum_contributions(GraphBuilder& builder, const std::vector<Value>& parts,
-                        const std::string& name) {
+// Sums the contributions to one value's gradient with a chain of add nodes. `name` is a copy:
+// callers pass a value's name, and each add grows the graph's value vector under it.
+Value sum_contributions(GraphBuilder& builder, const std::vector<Value>& parts, const std::string name) {
   Value total = parts.at(0);
   for (size_t i = 1; i < parts.size(); ++i)
     total = builder.add(total, parts[i], cat(name, "/accumulate_", i));

@@ -2,7 +2,9 @@
 // read twice, parameter naming, and the memory plan reusing activation buffers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <string>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -215,6 +217,31 @@ TEST(Autodiff, GradientsOfValuesReadTwiceAreSummed) {
   std::copy_n(weights, 3, plan.input("R").f32());
   plan.run();
   for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(store.grad(0).f32()[i], 2 * values[i] * weights[i]);
+}
+
+// A value read by many nodes: its gradient is a chain of adds, each of which grows the graph (a
+// name borrowed from the graph while it grew was read after it moved: AddressSanitizer found it).
+TEST(Autodiff, GradientsOfValuesReadManyTimesAreSummed) {
+  // loss = sum((64 h + tanh(h) + h * h) * R) with h = w * 1, an activation read by 66 nodes: the
+  // 67 contributions to its gradient need more new values than the graph had, so it reallocates.
+  GraphBuilder b;
+  Value w = b.parameter("w", Shape{1, 3}, ParamInit::zeros());
+  Value h = b.mul(w, b.fill(Shape{1, 3}, 1.0, "one"), "h");
+  Value y = b.add(b.tanh(h), b.mul(h, h));
+  for (int i = 0; i < 64; ++i) y = b.add(y, h);
+  Value r = b.input("R", Shape{3, 1});
+  build_backward(b, b.reshape(b.matmul(y, r), Shape{}));
+  ParamStore store(b.graph());
+  const float values[3] = {0.5f, -1.0f, 2.0f}, weights[3] = {1.0f, -2.0f, 0.25f};
+  std::copy_n(values, 3, store.param(0).f32());
+  Plan plan(b.graph(), store, {Value{b.graph().params()[0].grad}});
+  std::copy_n(weights, 3, plan.input("R").f32());
+  plan.run();
+  const float* grad = plan.tensor(Value{b.graph().params()[0].grad}).f32();
+  for (int i = 0; i < 3; ++i) {  // d/dh = (64 + (1 - tanh(h)^2) + 2h) R
+    const double t = std::tanh(values[i]);
+    EXPECT_NEAR(grad[i], (64.0 + (1.0 - t * t) + 2.0 * values[i]) * weights[i], 1e-4) << i;
+  }
 }
 
 TEST(Modules, ParametersAreNamedByModule) {
