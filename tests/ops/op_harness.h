@@ -45,7 +45,9 @@ struct OpCase {
   std::function<Host(const std::vector<Host>&)> reference;
   double epsilon = 1e-2;
   double forward_tolerance = 1e-4;   // relative to max(1, |expected|)
-  double gradient_tolerance = 2e-3;  // relative to max(1, |numeric|)
+  // Relative to max(1, |numeric|). The largest error over the cases is between 1e-5 and 5e-5
+  // (central differences of a float32 forward at epsilon 1e-2): 2e-4 leaves a margin of 4.
+  double gradient_tolerance = 2e-4;
   int max_checked_elements = 1 << 30;  // per input; fewer: a seeded sample (every case here is small enough for all)
 };
 
