@@ -247,8 +247,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");
   if (command.staleness > 0 && !command.train.device.is_cpu())
     throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
-  if (!multi && !command.checkpoint.empty()) throw Error("--checkpoint: only with --learners");
-  if (!multi && !command.resume.empty()) throw Error("--resume: only with --learners");
+  if (!multi && !command.checkpoint.empty())
+    throw Error("--checkpoint: only with --learners (for one model, --learners 1 trains exactly as without it)");
+  if (!multi && !command.resume.empty())
+    throw Error("--resume: only with --learners (for one model, --learners 1 trains exactly as without it)");
   if (multi && command.explain) throw Error("--explain: single-model training only (not with --learners)");
   if (command.explain && !command.train.device.is_cpu())
     throw Error("--explain: reports the CPU executor's grants; on --device cuda no executor runs");
