@@ -5,23 +5,27 @@ import tempfile
 
 
 def write_atomically(path, text):
-    """Writes `text` to a scratch file beside `path`, flushes it to disk, then renames it over
-    `path`. The scratch file is removed on failure; OSError reaches the caller."""
+    """Writes `text` to a scratch file beside `path`, flushes it to disk, renames it over `path`
+    and flushes the folder, as runtime/atomic_file.cpp does. The scratch file is removed on any
+    failure, and the error reaches the caller."""
     folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as scratch:
-        try:
+    scratch = tempfile.NamedTemporaryFile("w", dir=folder, delete=False)
+    try:
+        with scratch:
             scratch.write(text)
             scratch.flush()
             os.fsync(scratch.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
-        except OSError:
-            os.unlink(scratch.name)
-            raise
-    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
         os.replace(scratch.name, path)
-    except OSError:
-        os.unlink(scratch.name)
+    except BaseException:
+        if os.path.exists(scratch.name):
+            os.unlink(scratch.name)
         raise
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # the rename itself on disk
+    finally:
+        os.close(descriptor)
 

@@ -120,12 +120,14 @@ def process_pair(engine, model, batch, steps, warmup):
     begun = time.monotonic()
     processes = [engine.start(model, batch, 1, steps, warmup) for _ in range(2)]
     results = [None, None]
+    failures = []  # in the order they happened: the first is the cause, a later one may be our kill
 
     def wait(i):
         try:
             results[i] = (engine.finish(processes[i]), time.monotonic() - begun)
         except RuntimeError as error:
             results[i] = error
+            failures.append(error)
             other = processes[1 - i]
             if other.poll() is None:  # its own waiter then reports it as stopped
                 other.kill()
@@ -135,10 +137,8 @@ def process_pair(engine, model, batch, steps, warmup):
         waiter.start()
     for waiter in waiters:
         waiter.join()
-    failed = [r for r in results if isinstance(r, RuntimeError)]
-    if failed:
-        # The first process to fail is the cause; the other one may only have been stopped.
-        raise min(failed, key=lambda error: 0 if "exited -9" not in str(error) else 1)
+    if failures:
+        raise failures[0]
     (rate_a, seconds_a), (rate_b, seconds_b) = results
     return rate_a + rate_b, max(seconds_a, seconds_b) / min(seconds_a, seconds_b)
 

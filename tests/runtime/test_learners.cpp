@@ -1,16 +1,12 @@
 // Learners and SMA: SMA against a hand-computed 2-learner example, one learner with alpha 0
 // against plain momentum SGD, reproducibility, convergence of several learners, bad options; the
-// staleness bound (the clock gate, hand-computed absorption, one learner equal to synchronous SMA);
-// checkpoints of the average model (round trip, resume, corrupt files).
+// staleness bound (the clock gate, hand-computed absorption, one learner equal to synchronous SMA).
+// Checkpoints: test_checkpoint.cpp.
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <future>
 #include <random>
 #include <thread>
@@ -20,9 +16,14 @@
 #include "runtime/cpu_stream.h"
 #include "runtime/learners.h"
 #include "runtime/sma.h"
+#include "tests/runtime/learner_test_data.h"
 
 namespace quiver {
 namespace {
+
+using learner_test::Batches;
+using learner_test::recipe;
+using learner_test::small_dataset;
 
 Tensor flat(std::vector<float> values) {
   Tensor t = Tensor::zeros(Shape{static_cast<int64_t>(values.size())});
@@ -177,36 +178,6 @@ TEST(Sma, AbsorbMatchesAHandComputedExample) {
   EXPECT_THROW(sma.absorb(0, flat({1, 2}), flat({1, 2}), false, SerialContext()), Error);
   SmaSync synchronous(z, 2, SmaOptions{0.5, 0.0});
   EXPECT_THROW(synchronous.absorb(0, z, z, false, SerialContext()), Error);  // not made for absorbing
-}
-
-struct Batches {
-  explicit Batches(int64_t samples, int seed = 5) : images(samples * 784), labels(samples) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-    for (float& v : images) v = pixel(rng);
-    for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
-  }
-  std::vector<float> images;
-  std::vector<int32_t> labels;
-};
-
-// The samples of Batches(count, seed) as a Dataset.
-Dataset small_dataset(int64_t count, int seed) {
-  Batches data(count, seed);
-  Dataset set;
-  set.count = count, set.rows = 28, set.cols = 28;
-  set.images = data.images;
-  set.labels = data.labels;
-  return set;
-}
-
-TrainOptions recipe() {
-  TrainOptions train;
-  train.batch = 8;
-  train.eval_batch = 8;
-  train.policy = "serial";
-  train.threads = 1;
-  return train;
 }
 
 // The step a "training stopped: loss is nan at step N" error names; -1 when it names none.
@@ -411,12 +382,6 @@ TEST(CpuStream, RunsWorkInOrderAndRethrows) {
   EXPECT_NO_THROW(stream.wait());  // usable after an error
   EXPECT_EQ(order.size(), 6u);
 }
-
-}  // namespace
-}  // namespace quiver
-
-namespace quiver {
-namespace {
 
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is
 // large enough, and keeps one of the configurations it measured; training continues throughout.
@@ -638,146 +603,6 @@ TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
     EXPECT_NE(message.find("MiB are available"), std::string::npos) << message;
   }
 }
-
-
-
-std::string checkpoint_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("quiver_ckpt_" + std::to_string(::getpid()) + "_" + name)).string();
-}
-
-TEST(Checkpoint, RoundTripIsExactAndResumeContinuesTheLossCurve) {
-  Batches data(2 * 8, 21);
-  TrainOptions train = recipe();
-  train.learning_rate = 0.05;
-  const std::string path = checkpoint_path("roundtrip");
-  double start = 0.0, before_save = 0.0;
-  std::vector<float> saved;
-  {
-    LearnerGroup group(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
-    start = group.round(data.images.data(), data.labels.data());
-    for (int round = 0; round < 60; ++round) before_save = group.round(data.images.data(), data.labels.data());
-    group.save(path);
-    saved.assign(group.average().f32(), group.average().f32() + group.average().numel());
-  }
-  LearnerGroup resumed(models::mlp(), train, LearnerOptions{2, 1, SmaOptions{}});
-  resumed.load(path);
-  const Tensor& z = resumed.average();
-  ASSERT_EQ(static_cast<size_t>(z.numel()), saved.size());
-  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(z.f32()[i], saved[i]) << "parameter " << i;
-  for (int j = 0; j < 2; ++j)  // every replica restarts from z
-    for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(resumed.replica(j).flat_params().f32()[i], z.f32()[i]);
-  EXPECT_EQ(resumed.rounds_done(), 61);
-  const double after = resumed.round(data.images.data(), data.labels.data());
-  EXPECT_LT(after, 0.5 * start) << "the resumed run starts near where the saved one stopped, not from scratch";
-  EXPECT_LT(after, 2.0 * before_save + 0.05);
-  std::filesystem::remove(path);
-}
-
-// A checkpoint carries the epochs finished: a group resumed from it continues the data order
-// where the saving group would, not from the first epoch's order.
-TEST(Checkpoint, ResumeContinuesTheDataOrder) {
-  const Dataset train = small_dataset(48, 9);  // 3 rounds of 2 x 8 an epoch
-  const std::string path = checkpoint_path("epochs");
-  LearnerGroup saver(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
-  saver.fit(train, nullptr, 1);
-  saver.save(path);
-  LearnerGroup resumed(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
-  resumed.load(path);
-  EXPECT_EQ(resumed.epochs_done(), 1);
-  EXPECT_EQ(resumed.rounds_done(), 3);
-  saver.load(path);  // the same fresh start (momentum cleared) for the saving group
-  saver.fit(train, nullptr, 1);
-  resumed.fit(train, nullptr, 1);
-  const Tensor &a = saver.average(), &b = resumed.average();
-  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
-  std::filesystem::remove(path);
-}
-
-// A load is a fresh start from the file's z, whatever the group did before: a group that trained
-// and one that did not step identically after loading the same checkpoint, for SMA (the
-// replicas' momentum and z's last move restart) and synchronous SGD (its momentum restarts).
-TEST(Checkpoint, LoadRestartsEveryMomentum) {
-  Batches data(2 * 8, 23);
-  for (Sync sync : {Sync::Sma, Sync::Ssgd}) {
-    LearnerOptions options{2, 1, SmaOptions{}};
-    options.sync = sync;
-    const std::string path = checkpoint_path("momentum");
-    LearnerGroup trained(models::mlp(), recipe(), options);
-    for (int round = 0; round < 5; ++round) trained.round(data.images.data(), data.labels.data());
-    trained.save(path);
-    LearnerGroup fresh(models::mlp(), recipe(), options);
-    fresh.load(path);
-    trained.load(path);
-    for (int round = 0; round < 2; ++round) {
-      trained.round(data.images.data(), data.labels.data());
-      fresh.round(data.images.data(), data.labels.data());
-    }
-    const Tensor &a = trained.average(), &b = fresh.average();
-    for (int64_t i = 0; i < a.numel(); ++i)
-      ASSERT_EQ(a.f32()[i], b.f32()[i]) << (sync == Sync::Ssgd ? "ssgd" : "sma") << " parameter " << i;
-    std::filesystem::remove(path);
-  }
-}
-
-TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
-  const std::string path = checkpoint_path("bad");
-  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
-  group.save(path);
-  const std::vector<float> before(group.average().f32(), group.average().f32() + group.average().numel());
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  auto expect_rejected = [&](const std::string& content, const std::string& word) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
-    try {
-      group.load(path);
-      FAIL() << "expected a rejection mentioning '" << word << "'";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find(word), std::string::npos) << error.what();
-      EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
-    }
-    for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(group.average().f32()[i], before[i]) << "nothing is lost";
-  };
-  std::string flipped = bytes;
-  flipped[bytes.size() / 2] ^= 0x40;
-  expect_rejected(flipped, "checksum");
-  expect_rejected(bytes.substr(0, bytes.size() - 100), "truncated");
-  expect_rejected("not a checkpoint", "magic");
-  {
-    LearnerGroup cnn(models::cnn(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
-    cnn.save(path);
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string cnn_bytes(std::istreambuf_iterator<char>(in), {});
-  expect_rejected(cnn_bytes, "holds model 'cnn', not 'mlp'");
-  // A header that parses but holds a field of the wrong type, under a valid checksum: an error
-  // naming the file, not an exception from the JSON library.
-  const size_t magic = std::string("QUIVER-CHECKPOINT 1\n").size();
-  uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, bytes.data() + magic, sizeof(header_bytes));
-  std::string header = bytes.substr(magic + sizeof(header_bytes), header_bytes);
-  const size_t model_at = header.find("\"model\":\"mlp\"");
-  ASSERT_NE(model_at, std::string::npos) << header.substr(0, 200);
-  header.replace(model_at, 13, "\"model\":1");
-  std::string odd = bytes.substr(0, magic);
-  header_bytes = header.size();
-  odd.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
-  odd += header;
-  odd += bytes.substr(magic + sizeof(uint64_t) + header.size() + 4, std::string::npos);  // the data, old checksum
-  odd.resize(odd.size() - sizeof(uint32_t));
-  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(odd.data()), static_cast<uInt>(odd.size())));
-  odd.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
-  expect_rejected(odd, "unreadable header");
-  std::filesystem::remove(path);
-}
-
-}  // namespace
-}  // namespace quiver
-
-namespace quiver {
-namespace {
 
 // Synchronous SGD: k learners of batch b average their gradients and apply one momentum SGD
 // step, which is one learner of batch k*b (the loss is a batch mean) up to float rounding.

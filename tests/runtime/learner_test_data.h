@@ -1,0 +1,44 @@
+// Small synthetic data and a one-thread serial recipe for the learner and checkpoint tests.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "runtime/trainer.h"
+
+namespace quiver::learner_test {
+
+// `samples` random 28x28 images in [0, 1) and labels in [0, 10), from `seed`.
+struct Batches {
+  explicit Batches(int64_t samples, int seed = 5) : images(samples * 784), labels(samples) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (float& v : images) v = pixel(rng);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  }
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+
+// The samples of Batches(count, seed) as a Dataset.
+inline Dataset small_dataset(int64_t count, int seed) {
+  Batches data(count, seed);
+  Dataset set;
+  set.count = count, set.rows = 28, set.cols = 28;
+  set.images = data.images;
+  set.labels = data.labels;
+  return set;
+}
+
+// Batch 8, the serial policy on one thread: results do not depend on timing.
+inline TrainOptions recipe() {
+  TrainOptions train;
+  train.batch = 8;
+  train.eval_batch = 8;
+  train.policy = "serial";
+  train.threads = 1;
+  return train;
+}
+
+}  // namespace quiver::learner_test
