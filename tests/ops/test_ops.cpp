@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <random>
 #include <set>
 
 #include <omp.h>
@@ -30,10 +31,9 @@ Host matmul_reference(const Host& a, const Host& b, int64_t m, int64_t n, int64_
   return c;
 }
 
-OpCase matmul_case(bool ta, bool tb) {
-  const int64_t m = 5, n = 7, k = 6;
+OpCase matmul_case(bool ta, bool tb, int64_t m = 5, int64_t n = 7, int64_t k = 6) {
   OpCase c;
-  c.name = std::string("matmul") + (ta ? "_ta" : "") + (tb ? "_tb" : "");
+  c.name = cat("matmul", ta ? "_ta" : "", tb ? "_tb" : "", m == 5 && n == 7 && k == 6 ? "" : cat("_", m, "x", n, "x", k));
   c.inputs = {{ta ? Shape{k, m} : Shape{m, k}}, {tb ? Shape{n, k} : Shape{k, n}}};
   c.build = [=](GraphBuilder& b, const std::vector<Value>& in) { return b.matmul(in[0], in[1], ta, tb); };
   c.reference = [=](const std::vector<Host>& in) { return matmul_reference(in[0], in[1], m, n, k, ta, tb); };
@@ -324,6 +324,41 @@ TEST(OpCases, RunEveryRegisteredKind) {
   ASSERT_GT(kinds.size(), 20u) << "the registry looks empty";
   for (const std::string& kind : kinds)
     EXPECT_TRUE(covered.count(kind)) << "op kind '" << kind << "' is registered but no case in tests/ops/test_ops.cpp runs it";
+}
+
+// Convolution and pooling over seeded random geometries (rectangular planes, strides 1-3,
+// padding 0-2, odd sizes that leave rows and columns out), GEMMs of odd sizes with every
+// transpose, and LSTMs of random sizes: the same forward and gradient checks, so an edge case the
+// fixed cases miss (a last partial window, a padded border, a GEMM tail) is found here.
+TEST(OpCases, RandomGeometriesMatchTheirReferences) {
+  std::mt19937 rng(2024);
+  auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t height = pick(3, 11), width = pick(3, 11), padding = pick(0, 2), stride = pick(1, 3);
+    const int64_t kernel = pick(1, std::min<int64_t>(5, std::min(height, width) + 2 * padding));
+    const int64_t channels = pick(1, 4);
+    const OpCase conv = conv_case(Shape{pick(1, 3), channels, height, width},
+                                  Shape{pick(1, 5), channels, kernel, kernel}, stride, padding);
+    SCOPED_TRACE(conv.name);
+    check_forward(conv);
+    check_gradient(conv);
+    const int64_t window = pick(1, std::min<int64_t>(3, std::min(height, width)));
+    const OpCase pool = max_pool_case(Shape{pick(1, 2), pick(1, 3), height, width}, window, pick(1, 3));
+    SCOPED_TRACE(pool.name);
+    check_forward(pool);
+    check_gradient(pool);
+    const OpCase matmul = matmul_case(rng() % 2, rng() % 2, pick(1, 33), pick(1, 33), pick(1, 33));
+    SCOPED_TRACE(matmul.name);
+    check_forward(matmul);
+    check_gradient(matmul);
+    if (trial % 3 == 0) {
+      OpCase lstm = lstm_case(pick(1, 4), pick(1, 6), pick(1, 7), pick(1, 9));
+      lstm.epsilon = 3e-3;  // its gradients sum over B x T cells: at 1e-2 the differences' own error reached 5e-4
+      SCOPED_TRACE(cat(lstm.name, " ", lstm.inputs[0].shape.str(), " ", lstm.inputs[2].shape.str()));
+      check_forward(lstm);
+      check_gradient(lstm);
+    }
+  }
 }
 
 class OpTest : public ::testing::TestWithParam<OpCase> {};
