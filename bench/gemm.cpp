@@ -17,8 +17,11 @@ namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// One untimed call first (oneDNN's JIT and the caches warm up there), then the median of
+// `repeats` timed calls.
 template <typename Fn>
 double median_seconds(Fn fn, int repeats) {
+  fn();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     auto start = std::chrono::steady_clock::now();
@@ -26,7 +29,8 @@ double median_seconds(Fn fn, int repeats) {
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const size_t middle = times.size() / 2;  // of an even count, the mean of the middle two
+  return times.size() % 2 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
 }
 
 }  // namespace
