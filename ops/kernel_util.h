@@ -1,6 +1,6 @@
 // Small helpers shared by the op files: registering a stateless kernel, checking shapes during
-// inference, and the per-element math annotation that lets the CUDA build reuse the same
-// functions (QUIVER_HD is __host__ __device__ under nvcc and nothing elsewhere).
+// inference, and (through ops/host_device.h) the per-element math annotation that lets the CUDA
+// build reuse the same functions.
 #pragma once
 
 #include <string>
@@ -8,12 +8,7 @@
 
 #include "core/error.h"
 #include "core/op.h"
-
-#ifdef __CUDACC__
-#define QUIVER_HD __host__ __device__
-#else
-#define QUIVER_HD
-#endif
+#include "ops/host_device.h"
 
 namespace quiver {
 

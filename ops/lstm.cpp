@@ -6,6 +6,7 @@
 
 #include "core/builder.h"
 #include "ops/gemm.h"
+#include "ops/kernel_util.h"
 
 namespace quiver {
 
@@ -83,17 +84,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
           float* out = cache + (t * g.batch + b) * 5 * H;
           const float* c_prev = t > 0 ? cache + ((t - 1) * g.batch + b) * 5 * H + 4 * H : zeros.data();
           float* h_out = h + (b * g.steps + t) * H;
-          // Plain loops over contiguous gates: this file is built so that they vectorize.
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) {
-            math::LstmCell cell = math::lstm_cell_forward(pre[j], pre[H + j], pre[2 * H + j], pre[3 * H + j], c_prev[j]);
-            out[j] = cell.i;
-            out[H + j] = cell.f;
-            out[2 * H + j] = cell.g;
-            out[3 * H + j] = cell.o;
-            out[4 * H + j] = cell.c;
-            h_out[j] = cell.h;
-          }
+          lstm_cell_row_forward(out, h_out, pre, c_prev, H);
         }
       });
     }
@@ -134,17 +125,7 @@ KernelFn prepare_backward(const KernelSpec& spec) {
           const float* dh_step = dh + (b * T + t) * H;
           float* dh_carry = dh_next->data() + b * H;
           float* dc_carry = dc_next->data() + b * H;
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) {
-            math::LstmCellGrad grad = math::lstm_cell_backward(
-                cell[j], cell[H + j], cell[2 * H + j], cell[3 * H + j], cell[4 * H + j], c_prev[j],
-                dh_step[j] + dh_carry[j], dc_carry[j]);
-            row[j] = grad.d_pre_i;
-            row[H + j] = grad.d_pre_f;
-            row[2 * H + j] = grad.d_pre_g;
-            row[3 * H + j] = grad.d_pre_o;
-            dc_carry[j] = grad.dc_prev;
-          }
+          lstm_cell_row_backward(row, dc_carry, cell, c_prev, dh_step, dh_carry, H);
         }
       });
       if (t > 0) {

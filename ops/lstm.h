@@ -2,12 +2,14 @@
 // cache (T, B, 5H) of the gate activations i, f, g, o and the cell state c, kept for lstm_grad.
 // The input projection of all T steps is one GEMM; only h(t-1) * wh is sequential. Backward is
 // one node (lstm_grad) doing backpropagation through time, then three large GEMMs for dx, dwx
-// and dwh. The per-element cell math is written once here for the CPU and CUDA kernels.
+// and dwh. The per-element cell math is written once here for the CPU and CUDA kernels; the CPU
+// kernels apply it a row at a time through ops/lstm_cell.cpp, the one file built with -ffast-math.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
-#include "ops/kernel_util.h"
+#include "ops/host_device.h"
 
 namespace quiver::math {
 
@@ -47,3 +49,20 @@ QUIVER_HD inline LstmCellGrad lstm_cell_backward(float i, float f, float g, floa
 }
 
 }  // namespace quiver::math
+
+namespace quiver {
+
+// The cell over one batch row of `hidden` units, in ops/lstm_cell.cpp: the exp/tanh loops dominate
+// the LSTM's time, and -ffast-math lets GCC vectorize them with glibc's libmvec. Only that file is
+// built so, and it includes nothing but this header: no inline function of the rest of Quiver gets
+// a fast-math copy (the linker keeps one copy of each, whichever it meets first), so NaN checks
+// elsewhere stay exact.
+// cell (5H): i, f, g, o, c; h (H); pre (4H): gate pre-activations; c_prev (H).
+void lstm_cell_row_forward(float* cell, float* h, const float* pre, const float* c_prev, int64_t hidden);
+// d_pre (4H): gradients of the pre-activations; dc (H): dc arriving from step t+1 in, dc(t-1) out;
+// cell (5H) and c_prev (H) as the forward left them; dh_step, dh_carry (H): dh from above and from
+// step t+1.
+void lstm_cell_row_backward(float* d_pre, float* dc, const float* cell, const float* c_prev, const float* dh_step,
+                            const float* dh_carry, int64_t hidden);
+
+}  // namespace quiver

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "ops/elementwise.h"
 #include "ops/lstm.h"
@@ -210,6 +211,23 @@ TEST(KernelMath, AdamWithZeroGradientLeavesTheWeight) {
 }
 
 // ---- LSTM cell ---------------------------------------------------------------------------------
+// Through the row functions of ops/lstm_cell.cpp, the code the CPU kernels run (built with
+// -ffast-math): one unit at a time, and whole rows, where the loops are vectorized.
+
+math::LstmCell cell_forward(float pre_i, float pre_f, float pre_g, float pre_o, float c_prev) {
+  const float pre[4] = {pre_i, pre_f, pre_g, pre_o};
+  float cell[5], h = 0.0f;
+  lstm_cell_row_forward(cell, &h, pre, &c_prev, 1);
+  return {cell[0], cell[1], cell[2], cell[3], cell[4], h};
+}
+
+math::LstmCellGrad cell_backward(const math::LstmCell& cell, float c_prev, float dh, float dc_next) {
+  const float saved[5] = {cell.i, cell.f, cell.g, cell.o, cell.c};
+  const float no_carry = 0.0f;
+  float d_pre[4], dc = dc_next;
+  lstm_cell_row_backward(d_pre, &dc, saved, &c_prev, &dh, &no_carry, 1);
+  return {d_pre[0], d_pre[1], d_pre[2], d_pre[3], dc};
+}
 
 struct CellExact {
   double c, h;
@@ -221,7 +239,7 @@ CellExact cell_exact(double pre_i, double pre_f, double pre_g, double pre_o, dou
 }
 
 TEST(KernelMath, LstmCellForwardMatchesClosedForm) {
-  const math::LstmCell zero = math::lstm_cell_forward(0.0f, 0.0f, 0.0f, 0.0f, 0.8f);
+  const math::LstmCell zero = cell_forward(0.0f, 0.0f, 0.0f, 0.0f, 0.8f);
   EXPECT_EQ(zero.i, 0.5f);
   EXPECT_EQ(zero.f, 0.5f);
   EXPECT_EQ(zero.g, 0.0f);
@@ -233,7 +251,7 @@ TEST(KernelMath, LstmCellForwardMatchesClosedForm) {
   std::uniform_real_distribution<float> pre(-3.0f, 3.0f);
   for (int trial = 0; trial < 50; ++trial) {
     const float pi = pre(rng), pf = pre(rng), pg = pre(rng), po = pre(rng), c_prev = pre(rng);
-    const math::LstmCell cell = math::lstm_cell_forward(pi, pf, pg, po, c_prev);
+    const math::LstmCell cell = cell_forward(pi, pf, pg, po, c_prev);
     const CellExact exact = cell_exact(pi, pf, pg, po, c_prev);
     EXPECT_NEAR(cell.i, sigmoid_exact(pi), 1e-6) << "trial " << trial;
     EXPECT_NEAR(cell.f, sigmoid_exact(pf), 1e-6) << "trial " << trial;
@@ -246,7 +264,7 @@ TEST(KernelMath, LstmCellForwardMatchesClosedForm) {
 
 // Saturated gates: the forget gate open and the input gate shut keep the cell exactly.
 TEST(KernelMath, LstmCellSaturatedGatesKeepTheCell) {
-  const math::LstmCell cell = math::lstm_cell_forward(-100.0f, 100.0f, 0.3f, 100.0f, -0.6f);
+  const math::LstmCell cell = cell_forward(-100.0f, 100.0f, 0.3f, 100.0f, -0.6f);
   EXPECT_EQ(cell.i, 0.0f);
   EXPECT_EQ(cell.f, 1.0f);
   EXPECT_EQ(cell.o, 1.0f);
@@ -263,11 +281,10 @@ TEST(KernelMath, LstmCellBackwardMatchesCentralDifferences) {
     double in[5];
     for (double& value : in) value = pre(rng);
     const float dh = pre(rng), dc_next = pre(rng);
-    const math::LstmCell cell = math::lstm_cell_forward(static_cast<float>(in[0]), static_cast<float>(in[1]),
+    const math::LstmCell cell = cell_forward(static_cast<float>(in[0]), static_cast<float>(in[1]),
                                                         static_cast<float>(in[2]), static_cast<float>(in[3]),
                                                         static_cast<float>(in[4]));
-    const math::LstmCellGrad grad =
-        math::lstm_cell_backward(cell.i, cell.f, cell.g, cell.o, cell.c, static_cast<float>(in[4]), dh, dc_next);
+    const math::LstmCellGrad grad = cell_backward(cell, static_cast<float>(in[4]), dh, dc_next);
     const float analytic[5] = {grad.d_pre_i, grad.d_pre_f, grad.d_pre_g, grad.d_pre_o, grad.dc_prev};
     const char* names[5] = {"d_pre_i", "d_pre_f", "d_pre_g", "d_pre_o", "dc_prev"};
     for (int k = 0; k < 5; ++k) {
@@ -279,6 +296,42 @@ TEST(KernelMath, LstmCellBackwardMatchesCentralDifferences) {
       };
       const double numeric = derivative(loss, in[k]);
       EXPECT_NEAR(analytic[k], numeric, 1e-5 * std::max(1.0, std::fabs(numeric))) << names[k] << ", trial " << trial;
+    }
+  }
+}
+
+// A whole row (the vectorized loops, and the layout: gates i, f, g, o, c in blocks of H) against
+// the closed form, forward and backward, with the carried dh added to the step's.
+TEST(KernelMath, LstmCellRowsMatchTheClosedFormUnitByUnit) {
+  constexpr int64_t H = 37;  // not a multiple of any vector width: the loops' tails run too
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  std::vector<float> pre(4 * H), c_prev(H), cell(5 * H), h(H), dh(H), dh_carry(H), dc(H), d_pre(4 * H);
+  for (std::vector<float>* buffer : {&pre, &c_prev, &dh, &dh_carry, &dc})
+    for (float& x : *buffer) x = value(rng);
+  const std::vector<float> dc_next = dc;
+  lstm_cell_row_forward(cell.data(), h.data(), pre.data(), c_prev.data(), H);
+  lstm_cell_row_backward(d_pre.data(), dc.data(), cell.data(), c_prev.data(), dh.data(), dh_carry.data(), H);
+  for (int64_t j = 0; j < H; ++j) {
+    const double in[5] = {pre[j], pre[H + j], pre[2 * H + j], pre[3 * H + j], c_prev[j]};
+    const CellExact exact = cell_exact(in[0], in[1], in[2], in[3], in[4]);
+    EXPECT_NEAR(cell[j], sigmoid_exact(in[0]), 1e-6) << "unit " << j;
+    EXPECT_NEAR(cell[H + j], sigmoid_exact(in[1]), 1e-6) << "unit " << j;
+    EXPECT_NEAR(cell[2 * H + j], std::tanh(in[2]), 1e-6) << "unit " << j;
+    EXPECT_NEAR(cell[3 * H + j], sigmoid_exact(in[3]), 1e-6) << "unit " << j;
+    EXPECT_NEAR(cell[4 * H + j], exact.c, 1e-5) << "unit " << j;
+    EXPECT_NEAR(h[j], exact.h, 1e-5) << "unit " << j;
+    const double dh_total = static_cast<double>(dh[j]) + dh_carry[j];
+    const double analytic[5] = {d_pre[j], d_pre[H + j], d_pre[2 * H + j], d_pre[3 * H + j], dc[j]};
+    for (int k = 0; k < 5; ++k) {
+      auto loss = [&](double x) {
+        double at[5] = {in[0], in[1], in[2], in[3], in[4]};
+        at[k] = x;
+        const CellExact moved = cell_exact(at[0], at[1], at[2], at[3], at[4]);
+        return dh_total * moved.h + dc_next[j] * moved.c;
+      };
+      const double numeric = derivative(loss, in[k]);
+      EXPECT_NEAR(analytic[k], numeric, 2e-5 * std::max(1.0, std::fabs(numeric))) << "unit " << j << ", input " << k;
     }
   }
 }

@@ -223,8 +223,12 @@ TEST_F(DataIdx, EveryCutAndByteFlipIsReadOrAClearError) {
       const std::string result = outcome(flipped);
       // A plain file has no checksum: a flipped data byte reads as other data. Its header bytes,
       // flipped with 0x5a here, give a bad magic or dimensions larger than the file holds.
-      if (!gzip && at < 4 + 4 * a.dims.size()) EXPECT_EQ(result, "error") << "plain header byte " << at;
-      if (gzip && result == "different") ADD_FAILURE() << "gzip byte " << at << " changed the data unnoticed";
+      if (!gzip && at < 4 + 4 * a.dims.size()) {
+        EXPECT_EQ(result, "error") << "plain header byte " << at;
+      }
+      if (gzip && result == "different") {
+        ADD_FAILURE() << "gzip byte " << at << " changed the data unnoticed";
+      }
     }
   }
 }

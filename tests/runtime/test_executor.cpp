@@ -144,7 +144,9 @@ TEST(Executor, RandomDagsMatchSerial) {
         const ExecutorOptions& options = concurrent[variant - 1];
         Executor executor(plan, options);
         for (int step = 0; step < (options.policy == Policy::Auto ? 8 : 1); ++step) executor.run();
-        if (options.policy == Policy::Auto) ASSERT_TRUE(executor.profiled());
+        if (options.policy == Policy::Auto) {
+          ASSERT_TRUE(executor.profiled());
+        }
       }
       for (Value fetch : fetches) {
         const Tensor& t = plan.tensor(fetch);
