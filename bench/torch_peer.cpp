@@ -59,6 +59,7 @@ struct Options {
   std::string data;  // non-empty: accuracy mode on the Fashion-MNIST files in this directory
   int epochs = 1;
   int seed = 0;
+  std::string init = "he_uniform";  // he_uniform | torch_default, as Quiver's LayerInit
 };
 
 struct UsageError : std::runtime_error {
@@ -70,6 +71,9 @@ constexpr const char* kUsage =
     "                         [--warmup W (20)] [--steps S (100)] [--runs R (5)]\n"
     "       quiver-torch-peer --model mlp|cnn|lstm --batch B --threads T\n"
     "                         --data DIR [--epochs E (1)] [--seed S (0)]\n"
+    "  --init he_uniform|torch_default (he_uniform): how Linear and Conv2d layers draw their\n"
+    "              initial parameters, as Quiver's LayerInit: He uniform weights and zero\n"
+    "              biases (Quiver's default), or libtorch's own defaults\n"
     "  --data DIR: accuracy mode; DIR holds Fashion-MNIST's {train,t10k}-{images-idx3,\n"
     "              labels-idx1}-ubyte.gz\n";
 
@@ -105,7 +109,8 @@ Options parse_args(int argc, char** argv) {
     }
     const bool known = flag == "--model" || flag == "--batch" || flag == "--threads" ||
                        flag == "--warmup" || flag == "--steps" || flag == "--runs" ||
-                       flag == "--data" || flag == "--epochs" || flag == "--seed";
+                       flag == "--data" || flag == "--epochs" || flag == "--seed" ||
+                       flag == "--init";
     if (!known) throw UsageError("unknown flag " + std::string(flag));
     if (!value) {
       if (i + 1 >= argc) throw UsageError("missing value for " + std::string(flag));
@@ -135,6 +140,12 @@ Options parse_args(int argc, char** argv) {
     } else if (flag == "--data") {
       if (value->empty()) throw UsageError("bad value for --data: empty directory name");
       options.data = *value;
+    } else if (flag == "--init") {
+      if (*value != "he_uniform" && *value != "torch_default") {
+        throw UsageError("bad value for --init: '" + std::string(*value) +
+                         "' (want he_uniform or torch_default)");
+      }
+      options.init = *value;
     } else if (flag == "--epochs") {
       options.epochs = parse_int(flag, *value, 1);
       accuracy_flag = flag;
@@ -215,12 +226,35 @@ struct LstmImpl : torch::nn::Module {
 };
 TORCH_MODULE(Lstm);
 
+// Quiver's default layer init (core/nn.h, LayerInit::he_uniform): Linear and Conv2d weights
+// U(-sqrt(6/fan_in), sqrt(6/fan_in)) (kaiming_uniform_ with ReLU's gain), biases 0. The LSTM
+// keeps libtorch's own init, as Quiver's LSTM does.
+void he_uniform_layers(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    torch::Tensor weight, bias;
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      weight = linear->weight;
+      bias = linear->bias;
+    } else if (auto* conv = module->as<torch::nn::Conv2d>()) {
+      weight = conv->weight;
+      bias = conv->bias;
+    } else {
+      continue;
+    }
+    torch::nn::init::kaiming_uniform_(weight, /*a=*/0.0, torch::kFanIn, torch::kReLU);
+    if (bias.defined()) torch::nn::init::zeros_(bias);
+  }
+}
+
 // Type-erased so the training loop is written once. `seed` fixes the initial weights.
-torch::nn::AnyModule make_model(const std::string& name, uint64_t seed) {
+torch::nn::AnyModule make_model(const std::string& name, uint64_t seed, const std::string& init) {
   torch::manual_seed(seed);
-  if (name == "mlp") return torch::nn::AnyModule(Mlp());
-  if (name == "cnn") return torch::nn::AnyModule(Cnn());
-  return torch::nn::AnyModule(Lstm());
+  torch::nn::AnyModule model = name == "mlp"   ? torch::nn::AnyModule(Mlp())
+                               : name == "cnn" ? torch::nn::AnyModule(Cnn())
+                                               : torch::nn::AnyModule(Lstm());
+  if (init == "he_uniform") he_uniform_layers(*model.ptr());
+  return model;
 }
 
 // ---- data ----------------------------------------------------------------------------------
@@ -336,7 +370,7 @@ double median(std::vector<double> values) {
 // One run: a fresh model and optimizer, `warmup` untimed steps, then `steps` timed ones.
 // Returns samples/s over the timed steps.
 double timed_run(const Options& options, const std::vector<Batch>& pool) {
-  torch::nn::AnyModule model = make_model(options.model, kModelSeed);
+  torch::nn::AnyModule model = make_model(options.model, kModelSeed, options.init);
   model.ptr()->train();
   torch::optim::SGD optimizer(model.ptr()->parameters(),
                               torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -384,7 +418,7 @@ double accuracy_run(const Options& options) {
 
   // Seeds the default generator once: the init draws from it first, then the shuffles, so one
   // seed fixes the whole run.
-  torch::nn::AnyModule model = make_model(options.model, static_cast<uint64_t>(options.seed));
+  torch::nn::AnyModule model = make_model(options.model, static_cast<uint64_t>(options.seed), options.init);
   torch::optim::SGD optimizer(model.ptr()->parameters(),
                               torch::optim::SGDOptions(0.01).momentum(0.9));
   for (int epoch = 0; epoch < options.epochs; ++epoch) {

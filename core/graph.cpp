@@ -60,6 +60,10 @@ ParamInit ParamInit::fan_in_uniform(int64_t fan_in) {
   return uniform(1.0 / std::sqrt(static_cast<double>(fan_in)));
 }
 
+ParamInit ParamInit::he_uniform(int64_t fan_in) {
+  return uniform(std::sqrt(6.0 / static_cast<double>(fan_in)));
+}
+
 ParamInit ParamInit::glorot_uniform(int64_t fan_in, int64_t fan_out) {
   return uniform(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
 }

@@ -80,6 +80,9 @@ struct ParamInit {
   static ParamInit uniform(double bound, int terms = 1) { return {InitKind::Uniform, bound, terms}; }
   // PyTorch's defaults for Linear/Conv weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   static ParamInit fan_in_uniform(int64_t fan_in);
+  // He/Kaiming uniform for layers that feed ReLUs (gain sqrt(2), fan-in mode):
+  // U(-sqrt(6/fan_in), sqrt(6/fan_in)), which keeps the activations' variance through the layers.
+  static ParamInit he_uniform(int64_t fan_in);
   // Glorot/Xavier uniform: U(-sqrt(6/(fan_in+fan_out)), +...).
   static ParamInit glorot_uniform(int64_t fan_in, int64_t fan_out);
 };

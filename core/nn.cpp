@@ -18,27 +18,39 @@ struct Scope {
   bool active;
 };
 
+struct LayerParamInits {
+  ParamInit weight, bias;
+};
+
+LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
+  if (init == LayerInit::torch_default)
+    return {ParamInit::fan_in_uniform(fan_in), ParamInit::fan_in_uniform(fan_in)};
+  return {ParamInit::he_uniform(fan_in), ParamInit::zeros()};
+}
+
 }  // namespace
 
 Value Linear::forward(GraphBuilder& builder, Value x) {
   Scope scope(builder, name());
-  ParamInit init = ParamInit::fan_in_uniform(options_.in_features);
-  Value weight = builder.parameter("weight", Shape{options_.in_features, options_.out_features}, init);
+  LayerParamInits init = layer_param_inits(options_.init_, options_.in_features);
+  Value weight =
+      builder.parameter("weight", Shape{options_.in_features, options_.out_features}, init.weight);
   Value y = builder.matmul(x, weight, false, false, "matmul");
   if (!options_.with_bias) return y;
-  Value bias = builder.parameter("bias", Shape{options_.out_features}, init);
+  Value bias = builder.parameter("bias", Shape{options_.out_features}, init.bias);
   return builder.bias_add(y, bias, "bias_add");
 }
 
 Value Conv2d::forward(GraphBuilder& builder, Value x) {
   Scope scope(builder, name());
   const Conv2dOptions& o = options_;
-  ParamInit init = ParamInit::fan_in_uniform(o.in_channels * o.kernel_size * o.kernel_size);
+  LayerParamInits init =
+      layer_param_inits(o.init_, o.in_channels * o.kernel_size * o.kernel_size);
   Value weight = builder.parameter(
-      "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init);
+      "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init.weight);
   Value y = builder.conv2d(x, weight, Conv2dAttrs{o.stride_, o.padding_}, "conv");
   if (!o.with_bias) return y;
-  Value bias = builder.parameter("bias", Shape{o.out_channels}, init);
+  Value bias = builder.parameter("bias", Shape{o.out_channels}, init.bias);
   return builder.bias_add(y, bias, "bias_add");
 }
 

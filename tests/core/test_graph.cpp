@@ -2,6 +2,7 @@
 // read twice, parameter naming, and the memory plan reusing activation buffers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -253,6 +254,52 @@ TEST(Modules, ParametersAreNamedByModule) {
   std::vector<std::string> names;
   for (const ParamInfo& p : b.graph().params()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"fc1/weight", "fc1/bias", "fc2/weight"}));
+}
+
+// The layers' initial draws: He uniform weights and zero biases by default, PyTorch's
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both on request. A uniform draw of bound c has variance
+// c^2/3, so with a few thousand values the sample variance tells the two bounds apart.
+TEST(Modules, LayersDrawHeUniformByDefaultAndTorchDefaultsOnRequest) {
+  struct Drawn {
+    double max_abs = 0.0, variance = 0.0;
+  };
+  auto drawn = [](const Tensor& values) {
+    Drawn d;
+    const int64_t n = values.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = values.f32()[i];
+      d.max_abs = std::max(d.max_abs, std::abs(v));
+      d.variance += v * v / static_cast<double>(n);
+    }
+    return d;
+  };
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 1, 8, 8});
+  Value y = Conv2d("conv", Conv2dOptions(1, 64, 5).padding(2)).forward(b, x);      // fan_in 25
+  y = Linear("he", LinearOptions(64 * 8 * 8, 96)).forward(b, b.flatten(y));          // fan_in 4096
+  Linear("torch", LinearOptions(96, 400).init(LayerInit::torch_default)).forward(b, y);  // fan_in 96
+  ParamStore store(b.graph());
+  store.initialize(5);
+  std::vector<std::string> names;
+  for (const ParamInfo& p : b.graph().params()) names.push_back(p.name);
+  ASSERT_EQ(names, (std::vector<std::string>{"conv/weight", "conv/bias", "he/weight", "he/bias",
+                                             "torch/weight", "torch/bias"}));
+  const double fan_ins[] = {25.0, 4096.0, 96.0};
+  for (int layer = 0; layer < 2; ++layer) {  // He: bound sqrt(6/fan_in), variance 2/fan_in
+    const double bound = std::sqrt(6.0 / fan_ins[layer]);
+    const Drawn weight = drawn(store.param(2 * layer));
+    EXPECT_LE(weight.max_abs, bound * (1 + 1e-6)) << names[2 * layer];
+    EXPECT_GE(weight.max_abs, 0.95 * bound) << names[2 * layer];
+    EXPECT_NEAR(weight.variance, 2.0 / fan_ins[layer], 0.1 * 2.0 / fan_ins[layer]) << names[2 * layer];
+    EXPECT_EQ(drawn(store.param(2 * layer + 1)).max_abs, 0.0) << names[2 * layer + 1];
+  }
+  const double torch_bound = 1.0 / std::sqrt(fan_ins[2]);  // variance 1/(3 fan_in)
+  for (int index : {4, 5}) {
+    const Drawn d = drawn(store.param(index));
+    EXPECT_LE(d.max_abs, torch_bound * (1 + 1e-6)) << names[index];
+    EXPECT_GE(d.max_abs, 0.9 * torch_bound) << names[index];
+  }
+  EXPECT_NEAR(drawn(store.param(4)).variance, 1.0 / (3 * fan_ins[2]), 0.1 / (3 * fan_ins[2]));
 }
 
 TEST(Plan, ActivationBuffersAreReused) {
