@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 
+from arg_types import name_list, positive_int  # scripts/arg_types.py
 from atomic_write import write_atomically  # scripts/atomic_write.py
 
 MODELS = ("mlp", "cnn", "lstm")
@@ -39,20 +40,6 @@ def seed_range(text):
     return list(range(first, last + 1))
 
 
-def model_list(text):
-    items = text.split(",")
-    for item in items:
-        if item not in MODELS:
-            raise argparse.ArgumentTypeError(f"unknown model '{item}' (choose from {', '.join(MODELS)})")
-    return items
-
-
-def positive_int(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
-
-
 def run(command, pattern, scale):
     """Runs one training and returns the test accuracy in percent; a failure names the command."""
     done = subprocess.run(command, capture_output=True, text=True)
@@ -67,7 +54,7 @@ def run(command, pattern, scale):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build/release", help="the build folder (build/release)")
-    parser.add_argument("--models", type=model_list, default=list(MODELS), help="mlp,cnn,lstm")
+    parser.add_argument("--models", type=name_list(MODELS), default=list(MODELS), help="mlp,cnn,lstm")
     parser.add_argument("--seeds", type=seed_range, default=seed_range("1-3"), help="N or FIRST-LAST (1-3)")
     parser.add_argument("--threads", type=positive_int, default=2, help="threads per training (2)")
     parser.add_argument("--data", default=os.environ.get("QUIVER_DATA_DIR", "/usr/share/datasets/fashion-mnist"))

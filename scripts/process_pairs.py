@@ -23,7 +23,6 @@ k = 2 learners x 1 thread against single-stream on the same machine.
 """
 
 import argparse
-import math
 import os
 import re
 import statistics
@@ -32,41 +31,8 @@ import sys
 import threading
 import time
 
+from arg_types import int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
 from atomic_write import write_atomically  # scripts/atomic_write.py
-
-
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return value
-
-
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
-    return value
-
-
-def name_list(allowed):
-    def parse(text):
-        items = text.split(",")
-        for item in items:
-            if item not in allowed:
-                raise argparse.ArgumentTypeError(f"expected a list of {', '.join(allowed)}, got '{text}'")
-        return items
-    return parse
-
-
-def int_list(text):
-    return [positive_int(item) for item in text.split(",")]
 
 
 class Engine:
