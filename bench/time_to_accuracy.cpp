@@ -67,6 +67,8 @@ constexpr char kUsage[] =
     "  --device D        cpu (default: all cores), cuda or cuda:N (a learner is one CUDA stream)\n"
     "  --staleness S     the auto run's clock gate: 0 = synchronous rounds (default), S > 0 =\n"
     "                    learners up to S rounds apart (CPU only)\n"
+    "  --cut-short on|off  the tuner ends a clearly slower configuration's window after a\n"
+    "                    quarter of it (default on; off: every window in full)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
   std::string output;
   Device device;
   int staleness = 0;
+  bool cut_short = true;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -93,11 +96,14 @@ int main(int argc, char** argv) {
         output = value;
       } else if (flag == "--device") {
         device = bench::for_flag(flag, [&] { return Device::parse(value); });
+      } else if (flag == "--cut-short") {
+        if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
+        cut_short = value == "on";
       } else if (flag == "--staleness") {
         staleness = value == "0" ? 0 : bench::to_int(flag, value, kMaxStaleness);
       } else {
         throw Error(
-            cat("unknown option '", flag, "' (--models --max-epochs --evals-per-epoch --device --staleness --output)"));
+            cat("unknown option '", flag, "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --output)"));
       }
     }
     bench::check_staleness_on(device, staleness > 0);
@@ -126,6 +132,7 @@ int main(int argc, char** argv) {
       learners.threads_per_learner = available_cores();
       learners.tune = true;
       learners.staleness = staleness;
+      learners.tune_cut_short = cut_short;
       LearnerGroup group(models::by_name(name), options, learners);
       Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch);
       const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();

@@ -72,7 +72,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                 e.samples_per_second);
   const std::vector<TunerStep>& history = group.tuner_history();
   if (command.learners_auto) {
-    std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, measured in this run):\n",
+    std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, a quarter of that for a clear "
+                "loss, measured in this run):\n",
                 options.tune_window, options.tune_window_seconds);
     // Once settled, the last entry repeats the choice; until then every entry is a measurement.
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
@@ -84,12 +85,13 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       const bool single = step.learners == history.front().learners &&
                           step.threads_per_learner == history.front().threads_per_learner;
       if (single) single_sum += step.samples_per_second, ++single_windows;
-      std::printf("  %s: %.0f samples/s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
+      std::printf("  %s: %.0f samples/s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single  ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
                            : "  (single-stream: one learner, one CUDA stream)",
-                  step.again ? "  (measured again: a close call)" : "");
+                  step.again ? "  (measured again: a close call)" : "",
+                  step.cut_short ? "  (window cut short: clearly slower)" : "");
     }
     if (group.tuned()) {
       const TunerStep& chosen = history.back();

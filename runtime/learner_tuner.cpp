@@ -23,16 +23,32 @@ LearnerTuner::LearnerTuner(TunerOptions options) : options_(options) {
   if (!(options.threshold >= 0.0) || !(options.confirm_band >= 0.0))
     throw Error(cat("learner tuner: threshold ", options.threshold, " and confirm band ", options.confirm_band,
                     " must be >= 0"));
+  if (!(options.cut_below >= 0.0 && options.cut_below < 1.0))
+    throw Error(cat("learner tuner: cut below ", options.cut_below, " must be in [0, 1)"));
   current_ = {options.step, options.cores, 0.0};
 }
 
-void LearnerTuner::measured(double samples_per_second) {
+bool LearnerTuner::losing(double samples_per_second) const {
+  return !settled_ && phase_ == Phase::Explore && best_.learners > 0 &&
+         samples_per_second < (1.0 - options_.cut_below) * best_.samples_per_second;
+}
+
+void LearnerTuner::measured(double samples_per_second) { record(samples_per_second, false); }
+
+void LearnerTuner::measured_cut_short(double samples_per_second) {
+  if (!settled_ && !losing(samples_per_second))
+    throw Error(cat("learner tuner: a window of ", samples_per_second, " samples/s cut short, but it is not a clear loss"));
+  record(samples_per_second, true);
+}
+
+void LearnerTuner::record(double samples_per_second, bool cut_short) {
   if (settled_) throw Error("learner tuner: measured() after it settled");
   if (!(samples_per_second > 0.0) || !std::isfinite(samples_per_second))
     throw Error(cat("learner tuner: a window of ", samples_per_second, " samples/s"));
   TunerStep window = current_;
   window.samples_per_second = samples_per_second;
   window.again = phase_ != Phase::Explore;
+  window.cut_short = cut_short;
   history_.push_back(window);
   last_ = window;
   const double bar = 1.0 + options_.threshold;
@@ -102,6 +118,7 @@ void LearnerTuner::settle() {
   current_ = {best_.learners, best_.threads_per_learner, 0.0};
   TunerStep kept = best_;
   kept.again = false;
+  kept.cut_short = false;
   history_.push_back(kept);
 }
 

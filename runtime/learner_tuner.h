@@ -8,6 +8,11 @@
 // (A B B A: a host whose speed drifts steadily favours neither), and the two means decide. A gain
 // clearly above or below the threshold costs nothing extra.
 //
+// A clear loss is cut short. Each window of a configuration that loses costs training time at
+// its lower rate (and more learners under SMA gain less per sample), so once the first part of a
+// new configuration's window is already well below the best (`losing()`), the caller may end the
+// window there: no plausible rest of the window could lift it to a gain worth a learner.
+//
 // The tuner only decides; LearnerGroup::fit trains, measures the windows and resizes the group.
 #pragma once
 
@@ -21,6 +26,7 @@ struct TunerStep {
   int learners = 0, threads_per_learner = 0;
   double samples_per_second = 0.0;
   bool again = false;  // a close call's second window of this configuration
+  bool cut_short = false;  // the window ended early: clearly slower than the best (losing())
 };
 
 struct TunerOptions {
@@ -29,6 +35,8 @@ struct TunerOptions {
   int max_learners = 1;   // never more
   double threshold = 0.10;     // add a learner while samples/s rises by more than this
   double confirm_band = 0.10;  // a gain within this of the threshold is measured twice
+  // losing(): a new configuration whose partial window reads below (1 - cut_below) x the best.
+  double cut_below = 0.10;
 };
 
 class LearnerTuner {
@@ -41,6 +49,12 @@ class LearnerTuner {
   // configuration to measure (the same one for a close call's second window), or, once
   // settled(), the one to keep.
   void measured(double samples_per_second);
+  // True when the window under way may end now as a clear loss: it explores a new configuration
+  // (not the first, not a close call's second window) and reads, so far, `samples_per_second`
+  // below (1 - cut_below) of the best. The caller then passes that rate to measured_cut_short().
+  bool losing(double samples_per_second) const;
+  // measured() for a window ended early because losing() said so (recorded as cut short).
+  void measured_cut_short(double samples_per_second);
   // The configuration current() asked for could not be built (it would not fit in memory): the
   // group stays in the configuration of the last window, and the tuner settles there, with the
   // mean of that configuration's windows in the comparison under way. (A refused growth keeps the
@@ -51,6 +65,7 @@ class LearnerTuner {
   const std::vector<TunerStep>& history() const { return history_; }
 
  private:
+  void record(double samples_per_second, bool cut_short);
   void grow_from(const TunerStep& from);
   void settle();
 

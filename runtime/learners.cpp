@@ -46,6 +46,8 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (!(options.tune_warmup_seconds >= 0.0))
     throw Error(cat("tune warm-up must be >= 0 seconds, got ", options.tune_warmup_seconds));
   if (options.tune_cores < 0) throw Error(cat("tune cores must be >= 0 (0: all), got ", options.tune_cores));
+  if (!(options.tune_cut_below >= 0.0 && options.tune_cut_below < 1.0))
+    throw Error(cat("tune cut below must be in [0, 1), got ", options.tune_cut_below));
   // Default ceiling: on the CPU one learner per core of the tuner's budget (more would run learner
   // threads on shared cores, which DESIGN.md calls a bug); 8 streams per GPU (Crossbow's range) on CUDA.
   if (options.max_learners == 0)
@@ -382,6 +384,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     tuning.max_learners = std::max(tuner_step, static_cast<int>(std::min<int64_t>(per_epoch, options_.max_learners)));
     tuning.threshold = options_.tune_threshold;
     tuning.confirm_band = options_.tune_confirm_band;
+    tuning.cut_below = options_.tune_cut_below;
     tuner.emplace(tuning);
     history_.clear();
     if (learners() != tuner_step || threads_per_learner_ != cores) resize(tuner_step, cores);
@@ -462,10 +465,21 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           ++measured_rounds;
           measured_samples += k * batch_;
         }
-        if (warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
-            measuring_seconds() >= options_.tune_window_seconds) {
+        const bool window_done = warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
+                                 measuring_seconds() >= options_.tune_window_seconds;
+        // A clear loss may end its window after a quarter of it. (Under a staleness bound the rate
+        // here counts rounds handed out, some not yet trained; settle() below only lowers it.)
+        const bool cut_short =
+            !window_done && options_.tune_cut_short && warmup_rounds == 0 &&
+            4 * measured_rounds >= options_.tune_window && 4 * measuring_seconds() >= options_.tune_window_seconds &&
+            tuner->losing(static_cast<double>(measured_samples) / std::max(measuring_seconds(), 1e-9));
+        if (window_done || cut_short) {
           settle();  // under a staleness bound, count only the samples that have been trained on
-          tuner->measured(static_cast<double>(measured_samples) / measuring_seconds());
+          const double rate = static_cast<double>(measured_samples) / measuring_seconds();
+          if (window_done)
+            tuner->measured(rate);
+          else
+            tuner->measured_cut_short(rate);
           const TunerStep next = tuner->current();
           const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;
           if (change) {

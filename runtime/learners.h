@@ -61,6 +61,11 @@ struct LearnerOptions {
   double tune_confirm_band = 0.10;  // a gain within this of the threshold is measured twice (learner_tuner.h)
   int tune_window = 20;          // rounds measured per configuration, after its warm-up...
   double tune_window_seconds = 0.5;  // ...and at least this long: short windows on a shared machine are noise
+  // A new configuration whose window reads, after a quarter of its rounds and of its seconds,
+  // below (1 - tune_cut_below) x the best so far ends its window there (learner_tuner.h): a clear
+  // loss costs a quarter of a window instead of a whole one. false: every window runs in full.
+  bool tune_cut_short = true;
+  double tune_cut_below = 0.10;
   // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
   // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
   // handles' first calls, pinned staging buffers) that otherwise land in the measured window.

@@ -140,6 +140,38 @@ TEST(LearnerTuner, TheNextCloseCallUsesTheBestsLatestWindow) {
   EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 123);
 }
 
+// A window may end early only while a new configuration is explored and reads clearly below the
+// best: not the first window (nothing to compare with), not a close call's second windows (those
+// are measured in full), not above (1 - cut_below) x the best.
+TEST(LearnerTuner, OnlyAClearLossOfANewConfigurationIsCutShort) {
+  LearnerTuner tuner(on_cores(4, 4));
+  EXPECT_FALSE(tuner.losing(1.0));  // the first configuration: single-stream itself
+  EXPECT_THROW(tuner.measured_cut_short(1.0), Error);
+  tuner.measured(100);  // 1 learner
+  EXPECT_FALSE(tuner.losing(91));
+  EXPECT_TRUE(tuner.losing(89));
+  EXPECT_THROW(tuner.measured_cut_short(95), Error);  // not a clear loss
+  tuner.measured(112);  // 2 learners: a close call, measured again
+  EXPECT_FALSE(tuner.losing(10));
+  tuner.measured(121);  // 2 learners again
+  EXPECT_FALSE(tuner.losing(10));
+  tuner.measured(102);  // 1 learner again: 116.5 against 101, 2 learners win; 3 learners next
+  EXPECT_EQ(tuner.current().learners, 3);
+  EXPECT_TRUE(tuner.losing(104));  // below 0.9 x 116.5
+  tuner.measured_cut_short(80);
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  const std::vector<TunerStep>& history = tuner.history();
+  ASSERT_EQ(history.size(), 6u);
+  EXPECT_TRUE(history[4].cut_short);
+  EXPECT_FALSE(history[3].cut_short);
+  EXPECT_FALSE(history[5].cut_short);  // the kept configuration
+  EXPECT_FALSE(tuner.losing(1.0));     // settled
+  TunerOptions bad = on_cores(2, 4);
+  bad.cut_below = 1.0;
+  EXPECT_THROW(LearnerTuner{bad}, Error);
+}
+
 // On GPUs the tuner adds one learner per device at a time, and threads do not shrink below one.
 TEST(LearnerTuner, StepsByDevicesAndKeepsAThreadPerLearner) {
   TunerOptions devices = on_cores(1, 8);

@@ -409,6 +409,14 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
                             history[i].samples_per_second == chosen.samples_per_second);
   }
   EXPECT_TRUE(measured);
+  // A window cut short (options.tune_cut_short, the default) read clearly below the best before it.
+  double best = 0.0;
+  for (size_t i = 0; i + 1 < history.size(); ++i) {
+    if (history[i].cut_short) {
+      EXPECT_LT(history[i].samples_per_second, 0.9 * best) << i;
+    }
+    best = std::max(best, history[i].samples_per_second);
+  }
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
 }
