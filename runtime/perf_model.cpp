@@ -1,6 +1,7 @@
 #include "runtime/perf_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -205,7 +206,7 @@ bool PerfModel::load(const std::string& path) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
   if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache) {
-    warn(cat("ignoring profile cache '", path, "': not a regular file of at most 64 MiB; ops will be profiled again"));
+    warn_once(cat("ignoring profile cache '", path, "': not a regular file of at most 64 MiB; ops will be profiled again"));
     return false;
   }
   std::ifstream in(path);
@@ -218,14 +219,14 @@ bool PerfModel::load(const std::string& path) {
     if (!cache.is_object() || cache.value("format", "") != kCacheFormat)
       throw std::runtime_error("not a Quiver profile cache");
     if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
-      warn(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
+      warn_once(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
                cache.at("quiver").dump(), "; this is format ", kCacheVersion, ", Quiver ", kQuiverVersion,
                "); ops will be profiled again"));
       return false;
     }
     const std::string cpu = cache.at("cpu").get<std::string>();
     if (cpu != cpu_model()) {
-      warn(cat("ignoring profile cache '", path, "': it was measured on '", cpu, "', this CPU is '", cpu_model(),
+      warn_once(cat("ignoring profile cache '", path, "': it was measured on '", cpu, "', this CPU is '", cpu_model(),
                "'; ops will be profiled again"));
       return false;
     }
@@ -241,7 +242,7 @@ bool PerfModel::load(const std::string& path) {
       }
     }
   } catch (const std::exception& error) {
-    warn(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
+    warn_once(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
     return false;
   }
   for (auto& [key, entry] : loaded) entries_[key] = std::move(entry);
@@ -274,7 +275,21 @@ std::string default_profile_cache() {
     directory = std::string(home) + "/.cache/quiver";
   else
     return "";
-  return directory + "/profiles.json";
+  return directory + "/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + ".json";
+}
+
+std::string cpu_file_tag(const std::string& cpu) {
+  std::string tag;
+  for (char c : cpu) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (std::isalnum(u))
+      tag += static_cast<char>(std::tolower(u));
+    else if (!tag.empty() && tag.back() != '-')
+      tag += '-';
+  }
+  while (!tag.empty() && tag.back() == '-') tag.pop_back();
+  if (tag.size() > 64) tag.resize(64);
+  return tag.empty() ? "unknown" : tag;
 }
 
 }  // namespace quiver

@@ -80,7 +80,12 @@ class PerfModel {
 };
 
 // Where quiver-train keeps profiles: $QUIVER_PROFILE_CACHE, else $XDG_CACHE_HOME/quiver or
-// ~/.cache/quiver, file profiles.json; "" when none of these is set.
+// ~/.cache/quiver, file profiles-<cpu>.json (cpu_file_tag of this CPU's model, so hosts of
+// different CPUs sharing one home directory keep a file each instead of overwriting one);
+// "" when none of these is set.
 std::string default_profile_cache();
+// A CPU model name as a file-name part: lower-case letters and digits, other runs as one '-', at
+// most 64 characters ("AMD EPYC 9R14 96-Core Processor" -> "amd-epyc-9r14-96-core-processor").
+std::string cpu_file_tag(const std::string& cpu);
 
 }  // namespace quiver

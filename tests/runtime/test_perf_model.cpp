@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -104,6 +106,30 @@ TEST(PerfModel, OpKeysSeparateShapesAndAttributes) {
   EXPECT_EQ(keys.size(), 3u);
 }
 
+// Hosts of different CPUs that share a home directory keep a cache file each: the default path
+// names this CPU's model.
+TEST(PerfModel, DefaultCacheFileNamesTheCpuModel) {
+  EXPECT_EQ(cpu_file_tag("AMD EPYC 9R14 96-Core Processor"), "amd-epyc-9r14-96-core-processor");
+  EXPECT_EQ(cpu_file_tag("  Intel(R) Xeon(R) CPU @ 2.20GHz "), "intel-r-xeon-r-cpu-2-20ghz");
+  EXPECT_EQ(cpu_file_tag("../../etc"), "etc");  // nothing that leaves the directory
+  EXPECT_EQ(cpu_file_tag(""), "unknown");
+  EXPECT_EQ(cpu_file_tag(std::string(200, 'x')).size(), 64u);
+  struct Restore {  // ctest sets QUIVER_PROFILE_CACHE for every test
+    const char* name;
+    std::string value;
+    bool had;
+    explicit Restore(const char* n) : name(n), had(std::getenv(n) != nullptr) {
+      if (had) value = std::getenv(n);
+    }
+    ~Restore() { had ? setenv(name, value.c_str(), 1) : unsetenv(name); }
+  } explicit_path("QUIVER_PROFILE_CACHE"), xdg("XDG_CACHE_HOME");
+  unsetenv("QUIVER_PROFILE_CACHE");
+  setenv("XDG_CACHE_HOME", "/tmp/xdg-test", 1);
+  EXPECT_EQ(default_profile_cache(), "/tmp/xdg-test/quiver/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + ".json");
+  setenv("QUIVER_PROFILE_CACHE", "/tmp/chosen.json", 1);
+  EXPECT_EQ(default_profile_cache(), "/tmp/chosen.json");
+}
+
 TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   const std::string path = temp_path("cache.json");
   PerfModel model(2);
@@ -148,6 +174,13 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   bad = original;
   bad["version"] = 0;
   expect_ignored(bad.dump(), "stale");
+  {  // every learner's executor loads the same cache: the warning is given once, not per executor
+    CapturedWarnings warnings;
+    PerfModel first(2), second(2);
+    EXPECT_FALSE(first.load(path));
+    EXPECT_FALSE(second.load(path));
+    EXPECT_EQ(warnings.messages.size(), 1u);
+  }
   {
     CapturedWarnings warnings;
     PerfModel missing(2);
