@@ -50,6 +50,10 @@ struct Executor::State {
     std::condition_variable wake;                          // an assignment, the end of the run, or stop
     int assigned = -1;  // step position to run, -1 when idle
     int threads = 1;    // its grant
+    // Whether the op was alone when it started, and the run's launch count then: it ran alone
+    // throughout if nothing else was launched before it finished.
+    bool alone = false;
+    int64_t launch_number = 0;
   };
   std::mutex mutex;
   std::vector<std::unique_ptr<Lane>> lanes;
@@ -60,6 +64,7 @@ struct Executor::State {
   std::vector<int> ready;
   std::vector<Running> running;
   int free_threads = 0, finished = 0;
+  int64_t launches = 0;  // ops launched in this run so far
   bool profiling = false;
   int profile_threads = 0;  // threads of this profiling run; 0 for a warm-up run
   Clock::time_point start;
@@ -116,6 +121,10 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
   last_threads_.assign(count, 0);
   threads_used_.assign(count, 0);
   measured_.assign(count, std::vector<std::vector<double>>(capacity_ + 1));
+  measured_alone_ = measured_;
+  if (options_.refresh_steps < 0 || !(options_.refresh_tolerance >= 0.0))
+    throw Error(cat("executor: refresh_steps must be >= 0 and refresh_tolerance >= 0, got ", options_.refresh_steps,
+                    " and ", options_.refresh_tolerance));
   // Bottom levels before any profile: profiled plan times when there are some, one unit per op
   // otherwise. auto replaces them with the model's predictions.
   bottom_levels_.assign(count, 0.0);
@@ -146,6 +155,7 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
 }
 
 Executor::~Executor() {
+  if (profiles_unsaved_) save_profiles();  // warns, never throws
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stopping = true;
@@ -187,13 +197,17 @@ void Executor::use_schedule(int candidate) {
   width_ = candidate_widths_[candidate];
 }
 
+std::vector<int> Executor::model_grants() const {
+  std::vector<int> grants(keys_.size());
+  for (size_t p = 0; p < keys_.size(); ++p)
+    grants[p] = model_.grant(keys_[p], options_.grant_tolerance, options_.grant_slack_s);
+  return grants;
+}
+
 void Executor::finish_profiling() {
   model_.fit();
   const int count = static_cast<int>(keys_.size());
-  std::vector<int> model_grants(count);
-  for (int p = 0; p < count; ++p)
-    model_grants[p] = model_.grant(keys_[p], options_.grant_tolerance, options_.grant_slack_s);
-  candidate_grants_ = {model_grants};
+  candidate_grants_ = {model_grants()};
   candidate_widths_ = {capacity_};
   if (capacity_ > 1) {
     // The model's grants; intra (every op on all threads); narrow (one thread per op, ops side by
@@ -210,13 +224,50 @@ void Executor::finish_profiling() {
   }
   use_schedule(0);
   profiled_ = true;
-  if (!options_.profile_cache.empty() && !loaded_from_cache_) {
-    try {
-      model_.save(options_.profile_cache);
-    } catch (const Error& error) {
-      warn(cat("profiles not cached: ", error.what()));
-    }
+  if (!loaded_from_cache_) save_profiles();
+}
+
+void Executor::save_profiles() {
+  profiles_unsaved_ = false;
+  if (options_.profile_cache.empty()) return;
+  try {
+    model_.save(options_.profile_cache);
+  } catch (const std::exception& error) {
+    warn(cat("profiles not cached: ", error.what()));
   }
+}
+
+void Executor::refresh_model() {
+  constexpr size_t kEnough = 5;  // timings of a key at a thread count before they can overrule the model
+  std::map<std::string, std::map<int, std::vector<double>>> alone;  // equal ops pool their timings
+  for (size_t p = 0; p < keys_.size(); ++p)
+    for (int threads = 1; threads < static_cast<int>(measured_alone_[p].size()); ++threads) {
+      const std::vector<double>& times = measured_alone_[p][threads];
+      if (!times.empty()) alone[keys_[p]][threads].insert(alone[keys_[p]][threads].end(), times.begin(), times.end());
+    }
+  struct Replacement {
+    const std::string* key;
+    int threads;
+    std::vector<double>* times;
+  };
+  std::vector<Replacement> replacements;  // decided on the current fit first: a replaced key is unfitted
+  for (auto& [key, by_threads] : alone)
+    for (auto& [threads, times] : by_threads) {
+      if (times.size() < kEnough) continue;
+      const double measured = median_of(times);
+      if (std::abs(model_.predict(key, threads) - measured) > options_.refresh_tolerance * measured)
+        replacements.push_back({&key, threads, &times});
+    }
+  if (replacements.empty()) return;
+  for (const Replacement& r : replacements) model_.replace_samples(*r.key, r.threads, std::move(*r.times));
+  const int replaced = static_cast<int>(replacements.size());
+  model_.fit();
+  candidate_grants_[0] = model_grants();  // the model's schedule from the next trial on
+  use_grants(std::vector<int>(grants_));  // the schedule in use keeps its grants; bottom levels refreshed
+  ++model_refreshes_;
+  refreshed_pairs_ += replaced;
+  profiles_unsaved_ = true;  // written at the next trial or when the executor goes: a write is
+                             // milliseconds, a step can be a tenth of one
 }
 
 void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double now, std::vector<Running>& running,
@@ -310,9 +361,12 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
     if (state.profiling) {
       if (state.profile_threads > 0) model_.add_sample(keys_[position], threads, seconds);
     } else if (options_.policy == Policy::Auto && tuned_) {
-      std::vector<double>& times = measured_[position][threads];
-      if (times.size() == kMeasurementsKept) times.erase(times.begin());
-      times.push_back(seconds);
+      auto keep = [seconds](std::vector<double>& times) {
+        if (times.size() == kMeasurementsKept) times.erase(times.begin());
+        times.push_back(seconds);
+      };
+      keep(measured_[position][threads]);
+      if (lane.alone && lane.launch_number == state.launches) keep(measured_alone_[position][threads]);
     }
     for (int s : successors_[position])
       if (--state.waiting[s] == 0) state.ready.push_back(s);
@@ -343,6 +397,8 @@ void Executor::dispatch(int preferred_lane) {
     }
     lane->assigned = launch.position;
     lane->threads = launch.threads;
+    lane->alone = state.running.size() == 1;
+    lane->launch_number = ++state.launches;
     last_threads_[launch.position] = launch.threads;
     if (lane != state.lanes[preferred_lane].get()) lane->wake.notify_one();
   }
@@ -391,12 +447,14 @@ void Executor::run() {
     if (state.waiting[p] == 0) state.ready.push_back(p);
   state.running.clear();
   state.finished = 0;
+  state.launches = 0;
   state.profiling = options_.policy == Policy::Auto && !profiled_;
   state.profile_threads = state.profiling ? profile_schedule_[profile_run_] : 0;
   if (options_.policy == Policy::Auto && tuned_ && trials_done_ > 0 && options_.retrial_seconds > 0.0 &&
       settled_seconds_ >= options_.retrial_seconds) {
     tuned_ = false;  // the candidates again, from scratch: the host may have changed since
     start_trial_block();
+    if (profiles_unsaved_) save_profiles();
   }
   const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
   if (trial) use_schedule(static_cast<int>(trial_run_ % kCandidates));  // candidates interleaved
@@ -412,9 +470,13 @@ void Executor::run() {
       state.lanes[0]->wake.wait(lock, [&] { return state.done() || state.lanes[0]->assigned >= 0; });
   }
   if (state.first_error) std::rethrow_exception(state.first_error);
-  if (options_.policy == Policy::Auto && tuned_ && trials_done_ > 0)
+  const bool settled = options_.policy == Policy::Auto && tuned_ && !state.profiling && !trial;
+  if (settled && trials_done_ > 0)
     settled_seconds_ += std::chrono::duration<double>(Clock::now() - state.start).count();
-  if (state.profiling && ++profile_run_ == profile_schedule_.size()) {
+  if (settled && options_.refresh_steps > 0 && ++settled_steps_ % options_.refresh_steps == 0) {
+    lock.unlock();  // the lanes are idle between runs
+    refresh_model();
+  } else if (state.profiling && ++profile_run_ == profile_schedule_.size()) {
     lock.unlock();
     finish_profiling();
   } else if (trial) {
@@ -512,6 +574,9 @@ std::string Executor::explain() const {
   text += schedule.empty() ? "model error in the schedule: no runs measured yet\n"
                            : cat("model error in the schedule: median ", 100.0 * median_of(schedule), "% over ",
                                  schedule.size(), " op/thread-count pairs\n");
+  if (model_refreshes_ > 0)
+    text += cat("model refreshed ", model_refreshes_, " time(s) from timings of ops that ran alone: ", refreshed_pairs_,
+                " op/thread-count pair(s) replaced\n");
   text += held_out.empty() ? "model error at held-out thread counts: needs 3 or more profiled counts\n"
                            : cat("model error at held-out thread counts: median ", 100.0 * median_of(held_out),
                                  "% over ", held_out.size(), " points\n");

@@ -60,6 +60,15 @@ struct ExecutorOptions {
   // phase can cost for the rest of a run in the next. A trial costs a few slower steps a period.
   double retrial_seconds = 10.0;
   std::string profile_cache;     // load profiles from / save them to this file; "" for none
+  // auto, once settled: every `refresh_steps` steps, an op key timed at least 5 times while it ran
+  // alone (no other op running or started meanwhile) at a thread count, with a median more than
+  // `refresh_tolerance` away from the model's prediction there, has its samples at that count
+  // replaced by those timings; the model is refit and its candidate grants derived again (used
+  // from the next trial on), and the cache is rewritten at the next trial or when the executor
+  // goes. A profile cached in a busy moment, or a host that has changed since, heals itself
+  // instead of steering every later run. 0: never.
+  int refresh_steps = 50;
+  double refresh_tolerance = 0.25;
 };
 
 class Executor {
@@ -99,6 +108,10 @@ class Executor {
   // With record_threads: distinct threads that ran each op's parallel work in the last run.
   const std::vector<int>& threads_used() const { return threads_used_; }
   const PerfModel& model() const { return model_; }
+  // auto: how often the model was refreshed from the settled schedule's own timings, and the
+  // (op key, thread count) pairs replaced in all (ExecutorOptions::refresh_steps).
+  int model_refreshes() const { return model_refreshes_; }
+  int refreshed_pairs() const { return refreshed_pairs_; }
   // |predicted - measured| / measured per op run after profiling, at the threads it was given
   // (medians of its executions): how well the model predicts the schedule it drives.
   std::vector<double> schedule_errors() const;
@@ -112,6 +125,10 @@ class Executor {
     double predicted_finish = 0.0;  // seconds from the start of the run
   };
   void finish_profiling();
+  // The model's grants for every position: the "model" candidate schedule.
+  std::vector<int> model_grants() const;
+  void refresh_model();  // see ExecutorOptions::refresh_steps
+  void save_profiles();
   // The lanes: lane 0 is the thread that calls run(), the others are persistent threads. Whoever
   // finishes an op updates the run under the mutex and launches what is ready, keeping the next
   // op for itself when it can, so a chain of ops runs on one thread without hand-offs.
@@ -135,8 +152,12 @@ class Executor {
   std::vector<int> last_threads_;
   std::vector<int> threads_used_;
   int peak_running_ = 0, peak_threads_ = 0;
-  // Recent execution times after profiling, per position and thread count.
-  std::vector<std::vector<std::vector<double>>> measured_;
+  // Recent execution times after profiling, per position and thread count; and those of them
+  // during which the op ran alone (refresh_model()'s evidence).
+  std::vector<std::vector<std::vector<double>>> measured_, measured_alone_;
+  int64_t settled_steps_ = 0;
+  int model_refreshes_ = 0, refreshed_pairs_ = 0;
+  bool profiles_unsaved_ = false;  // refreshed since the cache was last written
   PerfModel model_;
   std::vector<int> profile_schedule_;  // thread count of each remaining profiling run (0: warm-up)
   size_t profile_run_ = 0;

@@ -117,6 +117,13 @@ void PerfModel::add_sample(const std::string& key, int threads, double seconds) 
   entry.fitted = false;
 }
 
+void PerfModel::replace_samples(const std::string& key, int threads, std::vector<double> seconds) {
+  if (seconds.empty()) throw Error(cat("perf model: no samples to replace those of '", key, "' at ", threads, " threads"));
+  Entry& entry = entries_[key];
+  entry.samples[threads] = std::move(seconds);
+  entry.fitted = false;
+}
+
 int PerfModel::samples(const std::string& key, int threads) const {
   auto found = entries_.find(key);
   if (found == entries_.end()) return 0;

@@ -40,6 +40,10 @@ class PerfModel {
   const std::vector<int>& profiled_counts() const { return counts_; }
 
   void add_sample(const std::string& key, int threads, double seconds);
+  // The samples of `key` at `threads` become `seconds`: fresher timings of the same op replace
+  // old ones (a cache measured while the host was busy, or a host that changed). fit() before
+  // predicting again.
+  void replace_samples(const std::string& key, int threads, std::vector<double> seconds);
   // Samples of `key` at `threads`.
   int samples(const std::string& key, int threads) const;
   // Every profiled count has at least `per_count` samples (a cached median counts as enough).

@@ -319,5 +319,82 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   std::filesystem::remove(path);
 }
 
+// A cache whose every time is 1000x too slow (as if measured while the host was busy) drives the
+// first steps; once settled, the timings of ops that ran alone replace it, the predictions come
+// back to the measured times, and the cache on disk is healed when the executor goes. With
+// refresh_steps 0 the stale model stays.
+TEST(PerfModel, AutoRefreshesAStaleProfileFromTheTimingsOfOpsThatRanAlone) {
+  const std::string path = temp_path("stale_cache.json");
+  std::filesystem::remove(path);
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
+  options.profile_cache = path;
+  options.trial_seconds = 0.0;
+  options.retrial_seconds = 0.0;
+  {
+    Executor first(trainer->train_plan(), options);
+    while (!first.profiled()) first.run();
+  }
+  nlohmann::json cache;
+  std::ifstream(path) >> cache;
+  for (auto& [key, op] : cache.at("ops").items())
+    for (auto& seconds : op.at("median_s")) seconds = seconds.get<double>() * 1000.0;
+  const std::string stale = cache.dump();
+  for (const int refresh_steps : {20, 0}) {
+    std::ofstream(path, std::ios::trunc) << stale;
+    options.refresh_steps = refresh_steps;
+    Executor executor(trainer->train_plan(), options);
+    ASSERT_TRUE(executor.loaded_from_cache());
+    while (!executor.tuned()) executor.run();
+    for (int step = 0; step < 100; ++step) executor.run();
+    const std::vector<double> errors = executor.schedule_errors();
+    ASSERT_FALSE(errors.empty());
+    if (refresh_steps == 0) {
+      EXPECT_EQ(executor.model_refreshes(), 0);
+      EXPECT_GT(median_of(errors), 10.0) << "predictions 1000x the measured times";
+      continue;
+    }
+    EXPECT_GE(executor.model_refreshes(), 1);
+    EXPECT_GT(executor.refreshed_pairs(), 0);
+    EXPECT_NE(executor.explain().find("model refreshed"), std::string::npos) << executor.explain();
+    // Ops that ran alone are predicted from their own timings now; ops that only ever co-ran with
+    // another keep the stale prediction, so look at the best quarter.
+    std::vector<double> sorted = errors;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_LT(sorted[sorted.size() / 4], 1.0) << "the best quarter within 100% of the measured times";
+  }
+  // What a refreshing executor leaves on disk when it goes (the loop above ended with the stale
+  // file in place: its second executor never refreshed).
+  {
+    options.refresh_steps = 20;
+    Executor healer(trainer->train_plan(), options);
+    while (!healer.tuned()) healer.run();
+    for (int step = 0; step < 100; ++step) healer.run();
+    ASSERT_GE(healer.model_refreshes(), 1);
+  }
+  nlohmann::json healed;
+  std::ifstream(path) >> healed;
+  int faster = 0;
+  for (auto& [key, op] : healed.at("ops").items()) {
+    const std::vector<double> now = op.at("median_s").get<std::vector<double>>();
+    const std::vector<double> before = cache.at("ops").at(key).at("median_s").get<std::vector<double>>();
+    for (size_t i = 0; i < now.size(); ++i) faster += now[i] < before[i] / 10.0;
+  }
+  EXPECT_GT(faster, 0) << "the cache on disk keeps the refreshed timings";
+  // Trials every step switch between schedules, so ops are timed alone at both thread counts and
+  // a refresh can replace one key at two counts at once (it once refit only after the loop and
+  // asked the half-replaced key for a prediction: "no fitted profile").
+  std::ofstream(path, std::ios::trunc) << stale;
+  {
+    ExecutorOptions busy = options;
+    busy.refresh_steps = 1;
+    busy.retrial_seconds = 1e-9;
+    Executor executor(trainer->train_plan(), busy);
+    for (int step = 0; step < 400; ++step) ASSERT_NO_THROW(executor.run()) << "step " << step;
+    EXPECT_GE(executor.model_refreshes(), 1);
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace quiver
