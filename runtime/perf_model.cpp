@@ -294,8 +294,8 @@ std::string cpu_file_tag(const std::string& cpu) {
     else if (!tag.empty() && tag.back() != '-')
       tag += '-';
   }
-  while (!tag.empty() && tag.back() == '-') tag.pop_back();
   if (tag.size() > 64) tag.resize(64);
+  while (!tag.empty() && tag.back() == '-') tag.pop_back();  // also where the cut fell after a '-'
   return tag.empty() ? "unknown" : tag;
 }
 
