@@ -1,5 +1,7 @@
 #include "ops/bias.h"
 
+#include <algorithm>
+
 #include "core/builder.h"
 #include "ops/elementwise.h"
 #include "ops/kernel_util.h"
@@ -32,11 +34,22 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
     float* dst = call.outputs[0].f32();        // (outer, C, inner)
     const float* src = call.inputs[0].f32();   // (outer, C, inner)
     const float* bias = call.inputs[1].f32();  // (C)
-    int64_t rows = g.outer * g.channels;
-    int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, g.inner));
+    if (g.inner == 1) {  // a dense layer's (B, C): a row of C per sample, the bias added along it
+      const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, g.channels));
+      call.ctx.parallel_for(g.outer, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          const float* in = src + o * g.channels;
+          float* out = dst + o * g.channels;
+          for (int64_t c = 0; c < g.channels; ++c) out[c] = math::add(in[c], bias[c]);
+        }
+      });
+      return;
+    }
+    const int64_t rows = g.outer * g.channels;
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / g.inner);
     call.ctx.parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
-        float value = bias[row % g.channels];
+        const float value = bias[row % g.channels];
         const float* in = src + row * g.inner;
         float* out = dst + row * g.inner;
         for (int64_t i = 0; i < g.inner; ++i) out[i] = math::add(in[i], value);
@@ -45,20 +58,44 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
   };
 }
 
+// The sum of n floats in kLanes independent partial sums, so the loop vectorizes (one running
+// float sum is a chain of dependent adds the compiler may not reorder), the lanes added in double.
+double sum_in_lanes(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+  double sum = 0.0;
+  for (; i < n; ++i) sum += x[i];
+  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  return sum;
+}
+
 KernelFn prepare_bias_grad(const KernelSpec& spec) {
   BiasGeometry g = bias_geometry(spec.input(0).shape);
   return [g](const KernelCall& call) {
     float* dbias = call.outputs[0].f32();     // (C)
     const float* dy = call.inputs[0].f32();   // (outer, C, inner)
+    if (g.inner == 1) {  // (B, C): column sums, a block of columns at a time along the rows
+      constexpr int64_t kBlock = 256;
+      call.ctx.parallel_for((g.channels + kBlock - 1) / kBlock, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t block = begin; block < end; ++block) {
+          const int64_t first = block * kBlock, width = std::min(kBlock, g.channels - first);
+          double sums[kBlock] = {};
+          for (int64_t o = 0; o < g.outer; ++o) {
+            const float* row = dy + o * g.channels + first;
+            for (int64_t c = 0; c < width; ++c) sums[c] += row[c];
+          }
+          for (int64_t c = 0; c < width; ++c) dbias[first + c] = static_cast<float>(sums[c]);
+        }
+      });
+      return;
+    }
     call.ctx.parallel_for(g.channels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         double sum = 0.0;
-        for (int64_t o = 0; o < g.outer; ++o) {
-          const float* row = dy + (o * g.channels + c) * g.inner;
-          float partial = 0.0f;
-          for (int64_t i = 0; i < g.inner; ++i) partial += row[i];
-          sum += partial;
-        }
+        for (int64_t o = 0; o < g.outer; ++o) sum += sum_in_lanes(dy + (o * g.channels + c) * g.inner, g.inner);
         dbias[c] = static_cast<float>(sum);
       }
     });

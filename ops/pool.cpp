@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <vector>
 
 #include "core/builder.h"
 #include "ops/kernel_util.h"
@@ -55,23 +56,52 @@ std::vector<TensorType> infer_grad(const InferContext& ctx) {
   return {{full, DType::F32}};
 }
 
+// One plane, kTile outputs at a time. `corners` holds each output's window corner (its first
+// element's index in the plane). For every window element (kh, kw) in row-major order, a loop
+// over the tile's outputs compares it with each output's maximum so far, without a branch, so the
+// compiler vectorizes it (with gathers, as an output's corner need not follow its neighbour's
+// by the stride where a tile spans rows): the maxima of ReLU outputs fall at random, and a branch per comparison
+// is mispredicted about half the time. The rule is max_pool_argmax's: a later element wins only
+// if it is larger, or a NaN where the maximum so far is not.
+void max_pool_plane(const float* plane, const PoolGeometry& g, const int32_t* corners, float* y, int32_t* argmax) {
+  constexpr int64_t kTile = 64;
+  for (int64_t first = 0; first < g.out_plane(); first += kTile) {
+    const int64_t count = std::min(kTile, g.out_plane() - first);
+    const int32_t* corner = corners + first;
+    float best[kTile];
+    int32_t at[kTile];
+    for (int64_t i = 0; i < count; ++i) {
+      best[i] = plane[corner[i]];
+      at[i] = corner[i];
+    }
+    for (int64_t kh = 0; kh < g.kernel; ++kh)
+      for (int64_t kw = 0; kw < g.kernel; ++kw) {
+        const int32_t shift = static_cast<int32_t>(kh * g.width + kw);
+        for (int64_t i = 0; i < count; ++i) {
+          const float value = plane[corner[i] + shift];
+          const bool take = (value > best[i]) | ((value != value) & (best[i] == best[i]));  // v != v: NaN
+          best[i] = take ? value : best[i];
+          at[i] = take ? corner[i] + shift : at[i];
+        }
+      }
+    std::copy_n(best, count, y + first);
+    std::copy_n(at, count, argmax + first);
+  }
+}
+
 KernelFn prepare_forward(const KernelSpec& spec) {
   PoolGeometry g = pool_geometry(spec.input(0).shape, spec.node.attrs);
-  return [g](const KernelCall& call) {
+  std::vector<int32_t> corners(g.out_plane());  // each output's window corner in its plane
+  for (int64_t oh = 0; oh < g.out_h; ++oh)
+    for (int64_t ow = 0; ow < g.out_w; ++ow)
+      corners[oh * g.out_w + ow] = static_cast<int32_t>(oh * g.stride * g.width + ow * g.stride);
+  return [g, corners = std::move(corners)](const KernelCall& call) {
     float* y = call.outputs[0].f32();          // (B*C, OH, OW)
     int32_t* argmax = call.outputs[1].i32();   // (B*C, OH, OW): index into the H*W plane
     const float* x = call.inputs[0].f32();     // (B*C, H, W)
     call.ctx.parallel_for(g.planes, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const float* plane = x + p * g.height * g.width;
-        for (int64_t oh = 0; oh < g.out_h; ++oh)
-          for (int64_t ow = 0; ow < g.out_w; ++ow) {
-            const int64_t best = math::max_pool_argmax(plane, g, oh, ow);
-            int64_t out = (p * g.out_h + oh) * g.out_w + ow;
-            y[out] = plane[best];
-            argmax[out] = static_cast<int32_t>(best);
-          }
-      }
+      for (int64_t p = begin; p < end; ++p)
+        max_pool_plane(x + p * g.plane(), g, corners.data(), y + p * g.out_plane(), argmax + p * g.out_plane());
     });
   };
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "ops/conv2d.h"
+#include "ops/pool.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
 #include "tests/ops/op_harness.h"
@@ -267,6 +269,46 @@ TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("'scatter'"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("argmax 99"), std::string::npos) << error.what();
+  }
+}
+
+// The CPU max_pool2d kernel compares a window's elements output-parallel and without branches;
+// it must pick exactly what math::max_pool_argmax (the rule the CUDA kernel and the gradient rely
+// on) picks, element for element: on planes full of ties (values from {0, 1, 2}, as ReLU outputs
+// tie at 0) and NaNs, over random geometries, at 1 and 2 threads.
+TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
+  std::mt19937 rng(7);
+  auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
+  for (int trial = 0; trial < 40; ++trial) {
+    const Shape x{pick(1, 3), pick(1, 4), pick(1, 40), pick(1, 40)};
+    const int64_t kernel = pick(1, std::min<int64_t>(4, std::min(x[2], x[3]))), stride = pick(1, 3);
+    Attrs attrs;
+    attrs.set("kernel", kernel).set("stride", stride);
+    GraphBuilder b;
+    const std::vector<Value> out = b.apply("max_pool2d", {b.input("x", x)}, attrs, "pool");
+    ParamStore store(b.graph());
+    std::vector<float> values(x.numel());
+    for (float& v : values) v = rng() % 20 == 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(rng() % 3);
+    const PoolGeometry g = pool_geometry(x, attrs);
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(cat(x.str(), " kernel ", kernel, " stride ", stride, ", ", threads, " threads"));
+      PlanOptions options;
+      options.threads = threads;
+      Plan plan(b.graph(), store, out, options);
+      std::copy(values.begin(), values.end(), plan.input("x").f32());
+      plan.run();
+      const float* y = plan.tensor(out[0]).f32();
+      const int32_t* argmax = plan.tensor(out[1]).i32();
+      for (int64_t p = 0; p < g.planes; ++p)
+        for (int64_t oh = 0; oh < g.out_h; ++oh)
+          for (int64_t ow = 0; ow < g.out_w; ++ow) {
+            const int64_t o = (p * g.out_h + oh) * g.out_w + ow;
+            const int64_t expected = math::max_pool_argmax(values.data() + p * g.plane(), g, oh, ow);
+            ASSERT_EQ(argmax[o], expected) << "plane " << p << " output (" << oh << ", " << ow << ")";
+            const float want = values[p * g.plane() + expected];
+            ASSERT_TRUE(std::isnan(want) ? std::isnan(y[o]) : y[o] == want) << "output " << o;
+          }
+    }
   }
 }
 
