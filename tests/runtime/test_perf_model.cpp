@@ -390,8 +390,11 @@ TEST(PerfModel, AutoRefreshesAStaleProfileFromTheTimingsOfOpsThatRanAlone) {
     busy.refresh_steps = 1;
     busy.retrial_seconds = 1e-9;
     Executor executor(trainer->train_plan(), busy);
-    for (int step = 0; step < 400; ++step) ASSERT_NO_THROW(executor.run()) << "step " << step;
-    EXPECT_GE(executor.model_refreshes(), 1);
+    // Until three refreshes: only settled steps refresh, and how many steps a trial takes before
+    // it settles depends on how its blocks agree on a noisy host (400 steps once held none).
+    for (int step = 0; step < 5000 && executor.model_refreshes() < 3; ++step)
+      ASSERT_NO_THROW(executor.run()) << "step " << step;
+    EXPECT_GE(executor.model_refreshes(), 3);
   }
   std::filesystem::remove(path);
 }
