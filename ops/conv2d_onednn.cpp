@@ -5,6 +5,10 @@
 // Threads: the batch is cut into at most ctx.threads() slices, each run single-threaded by one
 // granted thread with its own primitive, stream and buffers, so oneDNN's OpenMP runtime never
 // opens a parallel region. Primitives are created on first use for a slice count, never per step.
+// Every primitive (convolutions and reorders) has its own scratchpad (scratchpad_mode::user): in
+// oneDNN's default library mode the scratchpad is shared by the primitives a thread created,
+// and such a primitive must run on that thread; here they are created on the calling thread and
+// run on whichever granted thread takes their slice, two of them at once.
 
 #include <map>
 #include <memory>
@@ -22,31 +26,49 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 
+dnnl::primitive_attr own_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// A reorder between two memories, with the scratchpad it asks for.
+struct Reorder {
+  Reorder() = default;
+  Reorder(const memory& from, const memory& to, const dnnl::engine& engine) {
+    dnnl::reorder::primitive_desc pd(from, to, own_scratchpad());
+    primitive = dnnl::reorder(pd);
+    scratchpad = memory(pd.scratchpad_desc(), engine);
+  }
+  void run(dnnl::stream& stream, const memory& from, const memory& to) {
+    primitive.execute(stream, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  }
+  dnnl::reorder primitive;
+  memory scratchpad;
+};
+
 // One argument: Quiver's plain-layout view (its data pointer set per call) and the layout the
-// primitive wants, with the reorder between them created once.
+// primitive wants, with the reorders between them created once.
 class Staged {
  public:
   Staged(const memory::desc& plain, const memory::desc& wanted, const dnnl::engine& engine)
       : user_(plain, engine, DNNL_MEMORY_NONE), reordered_(plain != wanted) {
     internal_ = reordered_ ? memory(wanted, engine) : user_;
+    if (reordered_) into_ = Reorder(user_, internal_, engine), back_ = Reorder(internal_, user_, engine);
   }
   void bind(const float* data) { user_.set_data_handle(const_cast<float*>(data)); }
   void to_internal(dnnl::stream& stream) {
-    if (!reordered_) return;
-    if (!into_) into_ = dnnl::reorder(user_, internal_);
-    into_.execute(stream, user_, internal_);
+    if (reordered_) into_.run(stream, user_, internal_);
   }
   void to_user(dnnl::stream& stream) {
-    if (!reordered_) return;
-    if (!back_) back_ = dnnl::reorder(internal_, user_);
-    back_.execute(stream, internal_, user_);
+    if (reordered_) back_.run(stream, internal_, user_);
   }
   const memory& internal() const { return internal_; }
 
  private:
   memory user_, internal_;
   bool reordered_;
-  dnnl::reorder into_, back_;
+  Reorder into_, back_;
 };
 
 enum class Pass { Forward, BackwardData, BackwardWeights };
@@ -58,6 +80,7 @@ struct Slice {
   dnnl::primitive primitive;
   std::unique_ptr<Staged> lhs, rhs, out;  // two inputs and the output, in the pass's argument order
   int lhs_arg = 0, rhs_arg = 0, out_arg = 0;
+  memory scratchpad;                      // the primitive's own (see the top of this file)
   std::vector<float> partial_weights;     // BackwardWeights: this slice's share of dw
 };
 
@@ -74,9 +97,11 @@ std::unique_ptr<Slice> make_slice(Pass pass, const ConvGeometry& g, int64_t firs
   memory::dims dst{count, g.out_channels, g.out_h, g.out_w}, strides{g.stride, g.stride}, padding{g.padding, g.padding};
   dnnl::convolution_forward::desc forward(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                           any(src), any(weights), any(dst), strides, padding, padding);
-  dnnl::convolution_forward::primitive_desc forward_pd(forward, engine);
+  const dnnl::primitive_attr attr = own_scratchpad();
+  dnnl::convolution_forward::primitive_desc forward_pd(forward, attr, engine);
   if (pass == Pass::Forward) {
     slice->primitive = dnnl::convolution_forward(forward_pd);
+    slice->scratchpad = memory(forward_pd.scratchpad_desc(), engine);
     slice->lhs = std::make_unique<Staged>(plain(src, Tag::nchw), forward_pd.src_desc(), engine);
     slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), forward_pd.weights_desc(), engine);
     slice->out = std::make_unique<Staged>(plain(dst, Tag::nchw), forward_pd.dst_desc(), engine);
@@ -84,8 +109,9 @@ std::unique_ptr<Slice> make_slice(Pass pass, const ConvGeometry& g, int64_t firs
   } else if (pass == Pass::BackwardData) {
     dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                any(dst), strides, padding, padding);
-    dnnl::convolution_backward_data::primitive_desc pd(desc, engine, forward_pd);
+    dnnl::convolution_backward_data::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_data(pd);
+    slice->scratchpad = memory(pd.scratchpad_desc(), engine);
     slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine);
     slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.weights_desc(), engine);
     slice->out = std::make_unique<Staged>(plain(src, Tag::nchw), pd.diff_src_desc(), engine);
@@ -93,8 +119,9 @@ std::unique_ptr<Slice> make_slice(Pass pass, const ConvGeometry& g, int64_t firs
   } else {
     dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                   any(dst), strides, padding, padding);
-    dnnl::convolution_backward_weights::primitive_desc pd(desc, engine, forward_pd);
+    dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_weights(pd);
+    slice->scratchpad = memory(pd.scratchpad_desc(), engine);
     slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine);
     slice->rhs = std::make_unique<Staged>(plain(src, Tag::nchw), pd.src_desc(), engine);
     slice->out = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.diff_weights_desc(), engine);
@@ -135,7 +162,7 @@ class OnednnConv {
         s.lhs->to_internal(s.stream);
         s.rhs->to_internal(s.stream);
         s.primitive.execute(s.stream, {{s.lhs_arg, s.lhs->internal()}, {s.rhs_arg, s.rhs->internal()},
-                                       {s.out_arg, s.out->internal()}});
+                                       {s.out_arg, s.out->internal()}, {DNNL_ARG_SCRATCHPAD, s.scratchpad}});
         s.out->to_user(s.stream);
         s.stream.wait();
       }
