@@ -312,6 +312,16 @@ TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
   }
 }
 
+// A GEMM with B transposed, few rows and more than 1024 columns runs as blocks of 1024 columns
+// (ops/gemm.cpp: oneDNN's sgemm is 2x slower there in one call), with a tail block; at 2 threads
+// each of the two column slices is blocked again.
+TEST(Gemm, WideTransposedBIsComputedInBlocks) {
+  for (int64_t n : {int64_t{1025}, int64_t{2085}}) {
+    SCOPED_TRACE(cat("N = ", n));
+    check_forward(matmul_case(false, true, 3, n, 9));
+  }
+}
+
 // The kinks the finite-difference cases stay away from, through the graph and autodiff: the
 // gradient of sum(op(x) * r) with respect to x, for chosen x.
 std::vector<float> gradient_at(const std::function<Value(GraphBuilder&, Value)>& op, const Shape& shape,
