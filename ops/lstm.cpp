@@ -100,6 +100,7 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   auto h_previous = std::make_shared<std::vector<float>>(rows * g.hidden);     // (B*T, H)
   auto dh_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
   auto dc_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
+  auto wh_transposed = std::make_shared<std::vector<float>>(g.hidden * g.gates());  // (4H, H)
   return [=](const KernelCall& call) {
     float* dx = call.outputs[0].f32();
     float* dwx = call.outputs[1].f32();
@@ -116,6 +117,14 @@ KernelFn prepare_backward(const KernelSpec& spec) {
     std::fill(dh_next->begin(), dh_next->end(), 0.0f);
     std::fill(dc_next->begin(), dc_next->end(), 0.0f);
     const std::vector<float> zeros(H, 0.0f);
+    // The recurrent gradient dh(t-1) = dG(t) * wh^T, once per step, reads wh transposed: oneDNN's
+    // sgemm takes 12.5 us for B (16, 512) x (512, 128) stored as such and 27.7 us with the same
+    // product's B given transposed (one thread), so wh is transposed once per call.
+    float* wh_t = wh_transposed->data();
+    call.ctx.parallel_for(G, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k)
+        for (int64_t j = 0; j < H; ++j) wh_t[k * H + j] = wh[j * G + k];
+    });
     for (int64_t t = T - 1; t >= 0; --t) {
       call.ctx.parallel_for(g.batch, 4, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
@@ -129,9 +138,9 @@ KernelFn prepare_backward(const KernelSpec& spec) {
         }
       });
       if (t > 0) {
-        GemmShape s{g.batch, H, G, false, true};
+        GemmShape s{g.batch, H, G, false, false};
         s.lda = T * G;
-        gemm(dh_next->data(), dG + t * G, wh, s, call.ctx);
+        gemm(dh_next->data(), dG + t * G, wh_t, s, call.ctx);
       }
     }
     float* hp = h_previous->data();
@@ -145,11 +154,18 @@ KernelFn prepare_backward(const KernelSpec& spec) {
       gemm(dx, dG, wx, GemmShape{rows, g.input, G, false, true}, call.ctx);
     else
       std::fill_n(dx, rows * g.input, 0.0f);
+    // Column sums of dG, a block of columns at a time along its rows (each column still summed in
+    // row order): one column at a time strided by 4H floats and kept the loop scalar.
     call.ctx.parallel_for(G, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        float sum = 0.0f;
-        for (int64_t r = 0; r < rows; ++r) sum += dG[r * G + k];
-        dbias[k] = sum;
+      constexpr int64_t kBlock = 64;
+      for (int64_t first = begin; first < end; first += kBlock) {
+        const int64_t width = std::min(kBlock, end - first);
+        float sums[kBlock] = {};
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* row = dG + r * G + first;
+          for (int64_t k = 0; k < width; ++k) sums[k] += row[k];
+        }
+        std::copy_n(sums, width, dbias + first);
       }
     });
   };
