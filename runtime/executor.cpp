@@ -243,7 +243,9 @@ void Executor::refresh_model() {
   for (size_t p = 0; p < keys_.size(); ++p)
     for (int threads = 1; threads < static_cast<int>(measured_alone_[p].size()); ++threads) {
       const std::vector<double>& times = measured_alone_[p][threads];
-      if (!times.empty()) alone[keys_[p]][threads].insert(alone[keys_[p]][threads].end(), times.begin(), times.end());
+      if (times.empty()) continue;
+      std::vector<double>& pooled = alone[keys_[p]][threads];
+      pooled.insert(pooled.end(), times.begin(), times.end());
     }
   struct Replacement {
     const std::string* key;
