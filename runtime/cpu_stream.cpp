@@ -1,5 +1,7 @@
 #include "runtime/cpu_stream.h"
 
+#include <chrono>
+
 namespace quiver {
 
 CpuStream::CpuStream() {
@@ -53,6 +55,32 @@ void CpuStream::wait_at_most(size_t pending) {
     error_ = nullptr;
     std::rethrow_exception(error);
   }
+}
+
+namespace {
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+}  // namespace
+
+void Rendezvous::arrive_and_wait() {
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
+    arrived_.notify_all();
+    return;
+  }
+  const auto give_up = std::chrono::steady_clock::now() + kSpin;
+  int seen = 0;
+  for (int spin = 1; (seen = arrived_.load(std::memory_order_acquire)) < parties_; ++spin) {
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > give_up) break;
+    cpu_relax();
+  }
+  while ((seen = arrived_.load(std::memory_order_acquire)) < parties_) arrived_.wait(seen, std::memory_order_acquire);
 }
 
 }  // namespace quiver

@@ -4,8 +4,10 @@
 // stream is idle and rethrows the first error of its work. The CUDA backend's stream (a
 // non-blocking cudaStream_t) offers the same three calls. wait_at_most(n) is the clock gate of
 // bounded staleness: it returns once at most n submitted pieces of work are unfinished.
+// Rendezvous: where a round's CPU learners meet before they share the SMA pass.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -34,6 +36,23 @@ class CpuStream {
   bool busy_ = false, stopping_ = false;
   std::exception_ptr error_;
   std::thread thread_;
+};
+
+// The learners of one round meet here after their steps, then each takes a share of the SMA pass
+// on its own threads. A waiter spins for up to kSpin before it sleeps: the learners' steps end
+// within tens of microseconds of each other, and a sleeping thread takes about that long again
+// to be woken on a VM. One object per round; every party must arrive exactly once (also after
+// an error, so that no one waits for ever).
+class Rendezvous {
+ public:
+  explicit Rendezvous(int parties) : parties_(parties) {}
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+  void arrive_and_wait();
+
+ private:
+  const int parties_;
+  std::atomic<int> arrived_{0};
 };
 
 }  // namespace quiver

@@ -1,6 +1,7 @@
 #include "runtime/learners.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <fstream>
@@ -227,13 +228,45 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
   // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is
   // a few hundred. Each learner stages its own batch (on a device: into pinned memory).
+  // SMA on the CPU then runs where the steps ran: the learners meet (a Rendezvous) and each takes
+  // a share of the pass on its own threads. A pool woken for the pass instead cost the MLP at
+  // batch 16 a fifth of its samples/s (docs/benchmarks.md, "The SMA pass on the learners' threads").
   const bool snapshot = needs_snapshot() && !alone();
-  auto step = [this, &images, &labels, snapshot](size_t j) {
+  const bool shared_sma = sma_ && options_.sync == Sync::Sma && !alone();
+  const int k = static_cast<int>(learners_.size());
+  std::vector<Tensor> params, others;  // w_j, and v_j (sma_from_velocity) or s_j
+  for (auto& learner : learners_) {
+    params.push_back(learner->trainer->params().flat_params());
+    others.push_back(sma_from_velocity() ? learner->trainer->params().flat_state("velocity") : learner->snapshot);
+  }
+  Rendezvous meet(k);
+  std::atomic<bool> a_step_failed{false};
+  const int64_t this_round = rounds_done_ + 1;
+  auto step = [&, snapshot, shared_sma](size_t j) {
     Learner& learner = *learners_[j];
-    if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
-    learner.loss = learner.trainer->train_step(images[j], labels[j]);
+    try {
+      if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
+      learner.loss = learner.trainer->train_step(images[j], labels[j]);
+    } catch (...) {
+      if (shared_sma) {  // no SMA this round; the others must not wait for this learner
+        a_step_failed = true;
+        meet.arrive_and_wait();
+      }
+      throw;
+    }
+    if (!shared_sma) return;
+    meet.arrive_and_wait();
+    if (a_step_failed) return;
+    const int64_t sync_start = trace_clock();
+    const ExecContext& threads = learner.trainer->train_plan().context();
+    const SmaShare share{static_cast<int>(j), k};
+    if (sma_from_velocity())
+      sma_->round_after_sgd(params, others, threads, share);
+    else
+      sma_->round(params, others, threads, share);
+    trace_group_work("sma round", "sync", sync_start, this_round, static_cast<int>(j));
   };
-  for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream.submit([step, j] { step(j); });
+  for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream.submit([&step, j] { step(j); });
   std::exception_ptr first_error;
   try {
     step(0);
@@ -248,31 +281,20 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     }
   }
   if (first_error) std::rethrow_exception(first_error);
-  std::vector<Tensor> params, snapshots;
   double loss = 0.0;
-  for (auto& learner : learners_) {
-    params.push_back(learner->trainer->params().flat_params());
-    snapshots.push_back(learner->snapshot);
-    loss += learner->loss;
-  }
+  for (auto& learner : learners_) loss += learner->loss;
   const int64_t sync_start = trace_clock();
   if (alone()) {
     average_stale_ = true;  // z is this learner's model; copied over when someone reads z
   } else if (options_.sync == Sync::Ssgd) {
     ssgd_update();
+    trace_group_work("ssgd update", "sync", sync_start, this_round);
   } else if (device_sma_) {
     std::vector<const ExecContext*> streams;
     for (auto& learner : learners_) streams.push_back(&learner->trainer->train_plan().context());
-    device_sma_->round(streams, params, snapshots);
-  } else if (sma_from_velocity()) {
-    std::vector<Tensor> velocities;
-    for (auto& learner : learners_) velocities.push_back(learner->trainer->params().flat_state("velocity"));
-    sma_->round_after_sgd(params, velocities, *sync_budget_);
-  } else {
-    sma_->round(params, snapshots, *sync_budget_);
+    device_sma_->round(streams, params, others);
+    trace_group_work("sma round", "sync", sync_start, this_round);
   }
-  if (!alone())
-    trace_group_work(options_.sync == Sync::Ssgd ? "ssgd update" : "sma round", "sync", sync_start, rounds_done_ + 1);
   ++rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }

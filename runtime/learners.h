@@ -171,7 +171,7 @@ class LearnerGroup {
   std::unique_ptr<SmaSync> sma_;
   Tensor ssgd_velocity_;  // synchronous SGD: the one model's momentum
   void ssgd_update();
-  std::unique_ptr<ThreadBudget> sync_budget_;  // the sync runs between rounds on all learners' threads
+  std::unique_ptr<ThreadBudget> sync_budget_;  // synchronous SGD's update runs between rounds on all learners' cores
   std::unique_ptr<DeviceSma> device_sma_;      // on CUDA devices: SMA on sync streams
   std::vector<Device> devices_;               // where learner j lives: devices_[j % size]
   bool sma_from_velocity() const;

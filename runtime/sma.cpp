@@ -61,7 +61,8 @@ SmaSync::SmaSync(Tensor average, int learners, SmaOptions options, bool absorbin
   }
 }
 
-void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx) {
+void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx,
+                    SmaShare share) {
   if (static_cast<int>(params.size()) != learners_ || snapshots.size() != params.size())
     throw Error(cat("SMA: expected ", learners_, " learners' parameters and snapshots, got ", params.size(), " and ",
                     snapshots.size()));
@@ -74,6 +75,7 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
   float* previous = previous_move_.f32();
   const float alpha = static_cast<float>(alpha_), mu_z = static_cast<float>(mu_z_);
   if (!average_.device().is_cpu()) {
+    if (share.count != 1) throw Error("SMA: a round on a device runs whole, not in shares");
     std::vector<float*> w;
     std::vector<const float*> s;
     for (size_t j = 0; j < params.size(); ++j) {
@@ -86,11 +88,11 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
         .sma_round(ctx, z, previous, w.data(), s.data(), learners_, alpha, mu_z, n);
     return;
   }
-  cpu_round<false>(z, previous, params, snapshots, alpha, mu_z, n, ctx);
+  cpu_round<false>(z, previous, params, snapshots, alpha, mu_z, n, ctx, share);
 }
 
 void SmaSync::round_after_sgd(std::span<const Tensor> params, std::span<const Tensor> velocities,
-                              const ExecContext& ctx) {
+                              const ExecContext& ctx, SmaShare share) {
   const int64_t n = average_.numel();
   if (static_cast<int>(params.size()) != learners_ || velocities.size() != params.size())
     throw Error(cat("SMA: expected ", learners_, " learners' parameters and velocities, got ", params.size(), " and ",
@@ -101,17 +103,21 @@ void SmaSync::round_after_sgd(std::span<const Tensor> params, std::span<const Te
       throw Error(cat("SMA: learner ", j, " has ", params[j].numel(), " parameters and ", velocities[j].numel(),
                       " velocities; the average has ", n));
   cpu_round<true>(average_.f32(), previous_move_.f32(), params, velocities, static_cast<float>(alpha_),
-                  static_cast<float>(mu_z_), n, ctx);
+                  static_cast<float>(mu_z_), n, ctx, share);
 }
 
-// One pass over the buffers, block by block so z stays in cache while every learner is visited.
-// kFromVelocity: `other` holds v_j and the snapshot is w_j - v_j; else `other` holds s_j.
+// One pass over the buffers (or `share` of it), block by block so z stays in cache while every
+// learner is visited. kFromVelocity: `other` holds v_j and the snapshot is w_j - v_j; else `other`
+// holds s_j.
 template <bool kFromVelocity>
 void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> params, std::span<const Tensor> other,
-                        float alpha, float mu_z, int64_t n, const ExecContext& ctx) {
+                        float alpha, float mu_z, int64_t n, const ExecContext& ctx, SmaShare share) {
+  if (share.count < 1 || share.index < 0 || share.index >= share.count)
+    throw Error(cat("SMA: share ", share.index, " of ", share.count, " does not exist"));
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
-    for (int64_t block = first_block; block < last_block; ++block) {
+  const int64_t first = blocks * share.index / share.count, last = blocks * (share.index + 1) / share.count;
+  ctx.parallel_for(last - first, 8, [&](int64_t first_in_share, int64_t last_in_share) {
+    for (int64_t block = first + first_in_share; block < first + last_in_share; ++block) {
       const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
       float move[kBlock] = {};
       for (size_t j = 0; j < params.size(); ++j)

@@ -20,6 +20,13 @@
 
 namespace quiver {
 
+// Which part of a round's pass one call makes: share `index` of `count` equal runs of the blocks.
+// CPU learners that meet after their steps each take one share on their own threads
+// (LearnerGroup::round), instead of waking a pool for the pass.
+struct SmaShare {
+  int index = 0, count = 1;
+};
+
 struct SmaOptions {
   double alpha = -1.0;  // correction weight in [0, 1]; negative: 1/k for k learners
   double mu_z = 0.9;   // momentum of the average model's movement
@@ -38,15 +45,18 @@ class SmaSync {
 
   // One synchronisation after a round: `params[j]` (w_j, corrected in place) and `snapshots[j]`
   // (s_j), each a flat buffer shaped like the average.
-  // Blocks of the buffers are processed in parallel through `ctx`. Buffers on a device (all on
+  // Blocks of the buffers are processed in parallel through `ctx`; on the CPU a call may make one
+  // `share` of the pass (calls for disjoint shares may run at once). Buffers on a device (all on
   // the average's) are updated by the device's kernel queued on `ctx`, a stream of that device.
-  void round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx);
+  void round(std::span<const Tensor> params, std::span<const Tensor> snapshots, const ExecContext& ctx,
+             SmaShare share = {});
   void round(std::span<const Tensor> params, std::span<const Tensor> snapshots) {
     round(params, snapshots, SerialContext());
   }
   // The same round after a momentum-SGD step (w_j = s_j + v_j): the snapshots are recovered as
   // s_j = w_j - v_j from the velocities, so no snapshot copy is made before the step. CPU only.
-  void round_after_sgd(std::span<const Tensor> params, std::span<const Tensor> velocities, const ExecContext& ctx);
+  void round_after_sgd(std::span<const Tensor> params, std::span<const Tensor> velocities, const ExecContext& ctx,
+                       SmaShare share = {});
   // Bounded staleness: one learner's correction against the current z, applied to its replica
   // `w` and to z at once. The snapshot is `other` (or w - other when `from_velocity`: `other`
   // is the momentum-SGD velocity). Learners may absorb concurrently: each block of z is updated
@@ -63,7 +73,7 @@ class SmaSync {
  private:
   template <bool kFromVelocity>
   void cpu_round(float* z, float* previous, std::span<const Tensor> params, std::span<const Tensor> other, float alpha,
-                 float mu_z, int64_t n, const ExecContext& ctx);
+                 float mu_z, int64_t n, const ExecContext& ctx, SmaShare share);
   template <bool kFromVelocity>
   void cpu_absorb(int learner, float* w, const float* other, int64_t n, const ExecContext& ctx);
   Tensor average_, previous_move_;

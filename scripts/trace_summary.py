@@ -19,7 +19,7 @@ def feeder_summary(events):
         return 1
     rounds = {}
     for e in events:
-        if e["pid"] >= 2:  # a learner's op: the round's span, over every learner
+        if e["pid"] >= 2 and e.get("cat") != "sync":  # a learner's op: the round's steps, over every learner
             begin, end = rounds.get(e["args"]["step"], (e["ts"], e["ts"] + e["dur"]))
             rounds[e["args"]["step"]] = (min(begin, e["ts"]), max(end, e["ts"] + e["dur"]))
     spans = sorted(end - begin for begin, end in rounds.values())

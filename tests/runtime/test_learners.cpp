@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <limits>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -16,6 +18,7 @@
 #include "runtime/cpu_stream.h"
 #include "runtime/learners.h"
 #include "runtime/sma.h"
+#include "runtime/thread_budget.h"
 #include "tests/runtime/learner_test_data.h"
 
 namespace quiver {
@@ -35,6 +38,14 @@ Tensor copy_of(const Tensor& t) {
   Tensor copy = Tensor::zeros(t.shape());
   copy.copy_from(t);
   return copy;
+}
+
+// n values drawn uniformly from [-1, 1).
+Tensor uniform_buffer(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Tensor t = Tensor::zeros(Shape{n});
+  for (int64_t i = 0; i < n; ++i) t.f32()[i] = uniform(rng);
+  return t;
 }
 
 void expect_values(const Tensor& t, std::vector<float> expected, const char* what) {
@@ -88,12 +99,7 @@ TEST(Sma, RoundAfterSgdRecoversTheSnapshotsFromTheVelocities) {
 TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
   const int64_t n = 3 * 4096 + 5;
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto random_buffer = [&] {
-    Tensor t = Tensor::zeros(Shape{n});
-    for (int64_t i = 0; i < n; ++i) t.f32()[i] = uniform(rng);
-    return t;
-  };
+  auto random_buffer = [&] { return uniform_buffer(n, rng); };
   Tensor z0 = random_buffer();
   std::vector<Tensor> w0, v;
   for (int j = 0; j < 3; ++j) {
@@ -132,6 +138,52 @@ TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
   double moved = 0.0;
   for (int64_t i = 0; i < n; ++i) moved += std::abs(z_serial.f32()[i] - z0.f32()[i]);
   EXPECT_GT(moved / static_cast<double>(n), 1e-2);
+}
+
+// CPU learners each take a share of the pass on their own threads (LearnerGroup::round): shares
+// made at once on three threads, and two shares on two threads each, give the whole pass's values
+// bit for bit, over buffers whose blocks do not split evenly. A share that does not exist is an error.
+TEST(Sma, SharesOfARoundEqualTheWholeRound) {
+  const int64_t n = 7 * 4096 + 5;
+  std::mt19937 rng(11);
+  auto random_buffer = [&] { return uniform_buffer(n, rng); };
+  const Tensor z0 = random_buffer();
+  std::vector<Tensor> w0, v;
+  for (int j = 0; j < 3; ++j) {
+    w0.push_back(random_buffer());
+    v.push_back(random_buffer());
+  }
+  struct Run {
+    Tensor z;
+    std::vector<Tensor> w;
+    std::unique_ptr<SmaSync> sma;
+  };
+  auto start = [&] {
+    Run run{copy_of(z0), {}, nullptr};
+    for (const Tensor& t : w0) run.w.push_back(copy_of(t));
+    run.sma = std::make_unique<SmaSync>(run.z, 3, SmaOptions{0.3, 0.9});
+    return run;
+  };
+  Run whole = start(), three = start(), two = start();
+  ThreadBudget budget(2);
+  for (int round = 0; round < 2; ++round) {  // the second round carries z's momentum
+    whole.sma->round_after_sgd(whole.w, v, SerialContext());
+    std::vector<std::thread> threads;
+    for (int share = 0; share < 3; ++share)
+      threads.emplace_back([&, share] { three.sma->round_after_sgd(three.w, v, SerialContext(), SmaShare{share, 3}); });
+    for (std::thread& thread : threads) thread.join();
+    for (int share = 0; share < 2; ++share) two.sma->round_after_sgd(two.w, v, budget, SmaShare{share, 2});
+  }
+  for (const Run* run : {&three, &two})
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(run->z.f32()[i], whole.z.f32()[i]) << "z[" << i << "]";
+      for (int j = 0; j < 3; ++j) ASSERT_EQ(run->w[j].f32()[i], whole.w[j].f32()[i]) << "w" << j << "[" << i << "]";
+    }
+  double moved = 0.0;
+  for (int64_t i = 0; i < n; ++i) moved += std::abs(whole.z.f32()[i] - z0.f32()[i]);
+  EXPECT_GT(moved / static_cast<double>(n), 1e-2);
+  EXPECT_THROW(whole.sma->round_after_sgd(whole.w, v, SerialContext(), SmaShare{3, 3}), Error);
+  EXPECT_THROW(whole.sma->round(whole.w, v, SerialContext(), SmaShare{0, 0}), Error);
 }
 
 TEST(Sma, RejectsBadOptions) {
@@ -370,6 +422,26 @@ TEST(Learners, ErrorsAreClear) {
   }
 }
 
+// One learner's step fails (a NaN in its batch) while the other's succeeds: the round ends with
+// that learner's error instead of leaving the other waiting where the learners meet for SMA, no
+// SMA is applied (z is what it was; the failed replica's update is not averaged into it).
+TEST(Learners, OneLearnerFailingItsStepEndsTheRoundWithoutSma) {
+  for (int failing : {0, 1}) {
+    Batches data(2 * 8);
+    LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+    group.round(data.images.data(), data.labels.data());
+    const Tensor before = copy_of(group.average());
+    std::vector<float> poisoned(data.images.begin() + failing * 8 * 784, data.images.begin() + (failing + 1) * 8 * 784);
+    poisoned[5] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<const float*> images{data.images.data(), data.images.data() + 8 * 784};
+    images[failing] = poisoned.data();
+    const std::vector<const int32_t*> labels{data.labels.data(), data.labels.data() + 8};
+    EXPECT_THROW(group.round(images, labels), Error) << "learner " << failing;
+    const Tensor& after = group.average();
+    for (int64_t i = 0; i < after.numel(); ++i) ASSERT_EQ(after.f32()[i], before.f32()[i]) << "z[" << i << "]";
+  }
+}
+
 TEST(CpuStream, RunsWorkInOrderAndRethrows) {
   CpuStream stream;
   std::vector<int> order;
@@ -381,6 +453,31 @@ TEST(CpuStream, RunsWorkInOrderAndRethrows) {
   stream.submit([&order] { order.push_back(5); });
   EXPECT_NO_THROW(stream.wait());  // usable after an error
   EXPECT_EQ(order.size(), 6u);
+}
+
+// Nobody leaves a Rendezvous before everyone has arrived: each party writes its slot before it
+// arrives and reads all slots after. One party comes late, past the spinning (200 us), so the
+// others sleep and must be woken.
+TEST(Rendezvous, NoPartyLeavesBeforeAllHaveArrived) {
+  for (int parties : {1, 2, 4}) {
+    for (auto late : {std::chrono::microseconds(0), std::chrono::microseconds(5000)}) {
+      Rendezvous meet(parties);
+      std::vector<std::atomic<int>> arrived(parties);
+      std::vector<int> saw(parties, -1);
+      std::vector<std::thread> threads;
+      for (int p = 0; p < parties; ++p)
+        threads.emplace_back([&, p] {
+          if (p == parties - 1) std::this_thread::sleep_for(late);
+          arrived[p].store(1);
+          meet.arrive_and_wait();
+          int count = 0;
+          for (const auto& slot : arrived) count += slot.load();
+          saw[p] = count;
+        });
+      for (std::thread& thread : threads) thread.join();
+      for (int p = 0; p < parties; ++p) EXPECT_EQ(saw[p], parties) << "party " << p << " of " << parties;
+    }
+  }
 }
 
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is

@@ -59,8 +59,9 @@ TEST(Trace, TrainingStepsWriteValidChromeTrace) {
 }
 
 // A learner group's trace: each learner's ops in a process row of its own (pid j + 2, named
-// "learner j"), and in the training loop's row (pid 1) one feeder hand-over and one SMA pass per
-// round; under a staleness bound each learner's absorption is on its own row.
+// "learner j"), and in the training loop's row (pid 1) one feeder hand-over per round. The SMA
+// pass is on the learners' rows: each learner's share of it per round, or under a staleness bound
+// each learner's absorption.
 TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
   Dataset data;
   data.count = 64, data.rows = 28, data.cols = 28;
@@ -84,6 +85,7 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
     std::map<int, std::string> process_names;
     std::map<std::string, int> loop_work;  // the training loop's events by name
     std::map<int, std::set<int64_t>> steps_of;  // learner -> the steps its ops ran in
+    std::map<int, std::set<int64_t>> shares_of;  // learner -> the rounds it took a share of the SMA pass in
     int absorbs = 0;
     for (const auto& event : document.at("traceEvents")) {
       const int pid = event.at("pid");
@@ -100,20 +102,26 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
       }
       ASSERT_TRUE(pid == 2 || pid == 3) << pid;
       EXPECT_EQ(args.at("learner"), pid - 2);
-      if (event.at("name") == "sma absorb")
+      if (event.at("name") == "sma absorb") {
         ++absorbs;
-      else
+      } else if (event.at("name") == "sma round") {
+        EXPECT_EQ(event.at("cat"), "sync");
+        EXPECT_TRUE(shares_of[pid - 2].insert(args.at("step").get<int64_t>()).second) << "one share a round";
+      } else {
         steps_of[pid - 2].insert(args.at("step").get<int64_t>());
+      }
     }
     EXPECT_EQ(process_names, (std::map<int, std::string>{{1, "training loop"}, {2, "learner 0"}, {3, "learner 1"}}));
     EXPECT_EQ(loop_work["next batches"], 4) << "one hand-over of the round's batches per round";
     EXPECT_EQ(steps_of[0], (std::set<int64_t>{1, 2, 3, 4}));
     EXPECT_EQ(steps_of[1], (std::set<int64_t>{1, 2, 3, 4}));
+    EXPECT_EQ(loop_work.count("sma round"), 0u);
     if (staleness == 0) {
-      EXPECT_EQ(loop_work["sma round"], 4);
+      EXPECT_EQ(shares_of[0], (std::set<int64_t>{1, 2, 3, 4}));
+      EXPECT_EQ(shares_of[1], (std::set<int64_t>{1, 2, 3, 4}));
       EXPECT_EQ(absorbs, 0);
     } else {
-      EXPECT_EQ(loop_work.count("sma round"), 0u);
+      EXPECT_TRUE(shares_of.empty());
       EXPECT_EQ(absorbs, 8) << "each learner absorbs its correction once a round";
     }
     std::filesystem::remove(path);
