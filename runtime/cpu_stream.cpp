@@ -4,10 +4,39 @@
 
 namespace quiver {
 
+namespace {
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until done() or for kSpin; returns done().
+template <typename Done>
+bool spin_until(Done done) {
+  const auto give_up = std::chrono::steady_clock::now() + kSpin;
+  for (int spin = 1; !done(); ++spin) {
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > give_up) return done();
+    cpu_relax();
+  }
+  return true;
+}
+}  // namespace
+
 CpuStream::CpuStream() {
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
+      if (queue_.empty() && !stopping_) {
+        const size_t seen = submitted_.load(std::memory_order_relaxed);
+        lock.unlock();
+        spin_until([&] { return submitted_.load(std::memory_order_acquire) != seen; });
+        lock.lock();
+      }
       changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
       std::function<void()> work = std::move(queue_.front());
@@ -22,6 +51,7 @@ CpuStream::CpuStream() {
       }
       lock.lock();
       busy_ = false;
+      outstanding_.fetch_sub(1, std::memory_order_release);
       if (error && !error_) error_ = error;
       changed_.notify_all();
     }
@@ -41,6 +71,8 @@ void CpuStream::submit(std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(work));
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    submitted_.fetch_add(1, std::memory_order_release);
   }
   changed_.notify_all();
 }
@@ -48,6 +80,7 @@ void CpuStream::submit(std::function<void()> work) {
 void CpuStream::wait() { wait_at_most(0); }
 
 void CpuStream::wait_at_most(size_t pending) {
+  spin_until([&] { return outstanding_.load(std::memory_order_acquire) <= pending; });
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return queue_.size() + (busy_ ? 1 : 0) <= pending; });
   if (error_) {
@@ -57,30 +90,14 @@ void CpuStream::wait_at_most(size_t pending) {
   }
 }
 
-namespace {
-constexpr auto kSpin = std::chrono::microseconds(200);
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-}  // namespace
-
 void Rendezvous::arrive_and_wait() {
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
     arrived_.notify_all();
     return;
   }
-  const auto give_up = std::chrono::steady_clock::now() + kSpin;
-  int seen = 0;
-  for (int spin = 1; (seen = arrived_.load(std::memory_order_acquire)) < parties_; ++spin) {
-    if (spin % 64 == 0 && std::chrono::steady_clock::now() > give_up) break;
-    cpu_relax();
-  }
-  while ((seen = arrived_.load(std::memory_order_acquire)) < parties_) arrived_.wait(seen, std::memory_order_acquire);
+  spin_until([&] { return arrived_.load(std::memory_order_acquire) == parties_; });
+  for (int seen = 0; (seen = arrived_.load(std::memory_order_acquire)) < parties_;)
+    arrived_.wait(seen, std::memory_order_acquire);
 }
 
 }  // namespace quiver

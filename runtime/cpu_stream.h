@@ -3,7 +3,10 @@
 // ops may use is its executor's (a task arena of the granted threads). wait() blocks until the
 // stream is idle and rethrows the first error of its work. The CUDA backend's stream (a
 // non-blocking cudaStream_t) offers the same three calls. wait_at_most(n) is the clock gate of
-// bounded staleness: it returns once at most n submitted pieces of work are unfinished.
+// bounded staleness: it returns once at most n submitted pieces of work are unfinished. The
+// stream's thread, when idle, and a caller of wait_at_most spin for up to 200 us before they
+// sleep: a learner's next step comes within tens of microseconds at small batches, and waking a
+// sleeping thread costs about that much again on a VM.
 // Rendezvous: where a round's CPU learners meet before they share the SMA pass.
 #pragma once
 
@@ -35,6 +38,9 @@ class CpuStream {
   std::deque<std::function<void()>> queue_;
   bool busy_ = false, stopping_ = false;
   std::exception_ptr error_;
+  // Mirrors for spinning without the lock: pieces of work submitted so far, and those queued or
+  // running now (both changed under mutex_).
+  std::atomic<size_t> submitted_{0}, outstanding_{0};
   std::thread thread_;
 };
 
