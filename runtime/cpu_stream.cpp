@@ -15,9 +15,10 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins until done() or for kSpin; returns done().
+// Spins until done() or for kSpin (not at all unless `spin`); returns done().
 template <typename Done>
-bool spin_until(Done done) {
+bool spin_until(Done done, bool spin = true) {
+  if (!spin) return done();
   const auto give_up = std::chrono::steady_clock::now() + kSpin;
   for (int spin = 1; !done(); ++spin) {
     if (spin % 64 == 0 && std::chrono::steady_clock::now() > give_up) return done();
@@ -34,7 +35,8 @@ CpuStream::CpuStream() {
       if (queue_.empty() && !stopping_) {
         const size_t seen = submitted_.load(std::memory_order_relaxed);
         lock.unlock();
-        spin_until([&] { return submitted_.load(std::memory_order_acquire) != seen; });
+        spin_until([&] { return submitted_.load(std::memory_order_acquire) != seen; },
+                   spinning_.load(std::memory_order_relaxed));
         lock.lock();
       }
       changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -80,7 +82,8 @@ void CpuStream::submit(std::function<void()> work) {
 void CpuStream::wait() { wait_at_most(0); }
 
 void CpuStream::wait_at_most(size_t pending) {
-  spin_until([&] { return outstanding_.load(std::memory_order_acquire) <= pending; });
+  spin_until([&] { return outstanding_.load(std::memory_order_acquire) <= pending; },
+             spinning_.load(std::memory_order_relaxed));
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return queue_.size() + (busy_ ? 1 : 0) <= pending; });
   if (error_) {
@@ -95,7 +98,7 @@ void Rendezvous::arrive_and_wait() {
     arrived_.notify_all();
     return;
   }
-  spin_until([&] { return arrived_.load(std::memory_order_acquire) == parties_; });
+  spin_until([&] { return arrived_.load(std::memory_order_acquire) == parties_; }, spin_);
   for (int seen = 0; (seen = arrived_.load(std::memory_order_acquire)) < parties_;)
     arrived_.wait(seen, std::memory_order_acquire);
 }

@@ -28,6 +28,10 @@ class CpuStream {
   CpuStream& operator=(const CpuStream&) = delete;
 
   void submit(std::function<void()> work);
+  // Whether the stream's thread and its waiters spin before they sleep (default yes). Spinning
+  // pays only while every spinning thread has a core of its own: a group of learners with more
+  // threads than cores turns it off.
+  void set_spinning(bool on) { spinning_.store(on, std::memory_order_relaxed); }
   void wait();
   // Blocks until at most `pending` pieces of work are queued or running; rethrows the first error.
   void wait_at_most(size_t pending);
@@ -41,23 +45,26 @@ class CpuStream {
   // Mirrors for spinning without the lock: pieces of work submitted so far, and those queued or
   // running now (both changed under mutex_).
   std::atomic<size_t> submitted_{0}, outstanding_{0};
+  std::atomic<bool> spinning_{true};
   std::thread thread_;
 };
 
 // The learners of one round meet here after their steps, then each takes a share of the SMA pass
-// on its own threads. A waiter spins for up to kSpin before it sleeps: the learners' steps end
+// on its own threads. A waiter spins (if asked to) for up to 200 us before it sleeps: the learners' steps end
 // within tens of microseconds of each other, and a sleeping thread takes about that long again
 // to be woken on a VM. One object per round; every party must arrive exactly once (also after
 // an error, so that no one waits for ever).
 class Rendezvous {
  public:
-  explicit Rendezvous(int parties) : parties_(parties) {}
+  // `spin`: as CpuStream::set_spinning.
+  Rendezvous(int parties, bool spin) : parties_(parties), spin_(spin) {}
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
   void arrive_and_wait();
 
  private:
   const int parties_;
+  const bool spin_;
   std::atomic<int> arrived_{0};
 };
 

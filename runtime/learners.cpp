@@ -147,6 +147,9 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   sma_ = std::move(sma);
   learners_ = std::move(built);
   threads_per_learner_ = threads_per_learner;
+  // Waiting threads spin briefly only where every learner thread has a core of its own.
+  spinning_ = learners * threads_per_learner <= available_cores();
+  for (auto& learner : learners_) learner->stream.set_spinning(spinning_);
   if (!ssgd_velocity_.defined() && options_.sync == Sync::Ssgd)
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
@@ -239,7 +242,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     params.push_back(learner->trainer->params().flat_params());
     others.push_back(sma_from_velocity() ? learner->trainer->params().flat_state("velocity") : learner->snapshot);
   }
-  Rendezvous meet(k);
+  Rendezvous meet(k, spinning_);
   std::atomic<bool> a_step_failed{false};
   const int64_t this_round = rounds_done_ + 1;
   auto step = [&, snapshot, shared_sma](size_t j) {

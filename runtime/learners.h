@@ -158,6 +158,7 @@ class LearnerGroup {
   TrainOptions train_;
   LearnerOptions options_;
   int threads_per_learner_ = 1;
+  bool spinning_ = true;  // the learners' threads fit the cores: waits spin before they sleep
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;
   std::function<bool(const Evaluation&)> evaluated_;

@@ -457,27 +457,28 @@ TEST(CpuStream, RunsWorkInOrderAndRethrows) {
 
 // Nobody leaves a Rendezvous before everyone has arrived: each party writes its slot before it
 // arrives and reads all slots after. One party comes late, past the spinning (200 us), so the
-// others sleep and must be woken.
+// others sleep and must be woken; and without spinning, everyone who waits sleeps.
 TEST(Rendezvous, NoPartyLeavesBeforeAllHaveArrived) {
-  for (int parties : {1, 2, 4}) {
-    for (auto late : {std::chrono::microseconds(0), std::chrono::microseconds(5000)}) {
-      Rendezvous meet(parties);
-      std::vector<std::atomic<int>> arrived(parties);
-      std::vector<int> saw(parties, -1);
-      std::vector<std::thread> threads;
-      for (int p = 0; p < parties; ++p)
-        threads.emplace_back([&, p] {
-          if (p == parties - 1) std::this_thread::sleep_for(late);
-          arrived[p].store(1);
-          meet.arrive_and_wait();
-          int count = 0;
-          for (const auto& slot : arrived) count += slot.load();
-          saw[p] = count;
-        });
-      for (std::thread& thread : threads) thread.join();
-      for (int p = 0; p < parties; ++p) EXPECT_EQ(saw[p], parties) << "party " << p << " of " << parties;
-    }
-  }
+  for (int parties : {1, 2, 4})
+    for (auto late : {std::chrono::microseconds(0), std::chrono::microseconds(5000)})
+      for (bool spin : {true, false}) {
+        Rendezvous meet(parties, spin);
+        std::vector<std::atomic<int>> arrived(parties);
+        std::vector<int> saw(parties, -1);
+        std::vector<std::thread> threads;
+        for (int p = 0; p < parties; ++p)
+          threads.emplace_back([&, p] {
+            if (p == parties - 1) std::this_thread::sleep_for(late);
+            arrived[p].store(1);
+            meet.arrive_and_wait();
+            int count = 0;
+            for (const auto& slot : arrived) count += slot.load();
+            saw[p] = count;
+          });
+        for (std::thread& thread : threads) thread.join();
+        for (int p = 0; p < parties; ++p)
+          EXPECT_EQ(saw[p], parties) << "party " << p << " of " << parties << (spin ? ", spinning" : "");
+      }
 }
 
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is
