@@ -21,9 +21,11 @@ struct LstmGeometry {
 LstmGeometry lstm_geometry(const Shape& x, const Shape& wh) { return {x[0], x[1], x[2], wh[0]}; }
 
 // The recurrence in one parallel region per pass: batch rows never mix through time, so each of
-// up to ctx.threads() contiguous chunks of rows runs every step on its own thread, with no barrier
-// between steps. (Two regions a step, one for the recurrent GEMM and one for the cells, cost at
-// batch 16 on two threads about what the second thread gave: 112 wake-ups a training step.)
+// up to ctx.threads() contiguous chunks of rows is one body of the parallel loop and runs every
+// step, with no barrier between steps. (Two regions a step, one for the recurrent GEMM and one for
+// the cells, cost at batch 16 on two threads about what the second thread gave: 112 wake-ups a
+// training step.) With fewer rows than threads the extra threads sit out the recurrence: a step
+// of one row is a GEMV of a few microseconds, about what a wake-up costs.
 // Where gemm() would cut the step's recurrent GEMM by rows (batch 16 on two threads), the chunks
 // are its slices, and the results are the same bits as a GEMM and a cell loop a step at a time.
 void for_row_chunks(int64_t batch, const ExecContext& ctx, const std::function<void(int64_t, int64_t)>& rows) {

@@ -20,8 +20,8 @@ template <typename Done>
 bool spin_until(Done done, bool spin = true) {
   if (!spin) return done();
   const auto give_up = std::chrono::steady_clock::now() + kSpin;
-  for (int spin = 1; !done(); ++spin) {
-    if (spin % 64 == 0 && std::chrono::steady_clock::now() > give_up) return done();
+  for (int tries = 1; !done(); ++tries) {
+    if (tries % 64 == 0 && std::chrono::steady_clock::now() > give_up) return done();
     cpu_relax();
   }
   return true;
@@ -64,6 +64,7 @@ CpuStream::~CpuStream() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    submitted_.fetch_add(1, std::memory_order_release);  // ends an idle spin at once
   }
   changed_.notify_all();
   thread_.join();
@@ -93,11 +94,12 @@ void CpuStream::wait_at_most(size_t pending) {
   }
 }
 
+void Rendezvous::arrive() {
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) arrived_.notify_all();
+}
+
 void Rendezvous::arrive_and_wait() {
-  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
-    arrived_.notify_all();
-    return;
-  }
+  arrive();
   spin_until([&] { return arrived_.load(std::memory_order_acquire) == parties_; }, spin_);
   for (int seen = 0; (seen = arrived_.load(std::memory_order_acquire)) < parties_;)
     arrived_.wait(seen, std::memory_order_acquire);

@@ -61,6 +61,8 @@ class Rendezvous {
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
   void arrive_and_wait();
+  // Arrives without waiting: for a party that cannot come itself (its work was never started).
+  void arrive();
 
  private:
   const int parties_;

@@ -152,7 +152,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   for (auto& learner : learners_) learner->stream.set_spinning(spinning_);
   if (!ssgd_velocity_.defined() && options_.sync == Sync::Ssgd)
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
-  sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
+  if (options_.sync == Sync::Ssgd)
+    sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
 }
 
 void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
@@ -269,12 +270,27 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
       sma_->round(params, others, threads, share);
     trace_group_work("sma round", "sync", sync_start, this_round, static_cast<int>(j));
   };
-  for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream.submit([&step, j] { step(j); });
   std::exception_ptr first_error;
+  size_t submitted = 1;
   try {
-    step(0);
+    for (; submitted < learners_.size(); ++submitted)
+      learners_[submitted]->stream.submit([&step, j = submitted] { step(j); });
   } catch (...) {
+    // A learner never handed its step cannot arrive, and learner 0 will not step: arrive for
+    // them, so the learners already started do not wait for ever; then nobody applies SMA.
     first_error = std::current_exception();
+    if (shared_sma) {
+      a_step_failed = true;
+      for (size_t j = submitted; j < learners_.size(); ++j) meet.arrive();
+      meet.arrive();
+    }
+  }
+  if (!first_error) {
+    try {
+      step(0);
+    } catch (...) {
+      first_error = std::current_exception();
+    }
   }
   for (auto& learner : learners_) {
     try {

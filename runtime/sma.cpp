@@ -75,7 +75,7 @@ void SmaSync::round(std::span<const Tensor> params, std::span<const Tensor> snap
   float* previous = previous_move_.f32();
   const float alpha = static_cast<float>(alpha_), mu_z = static_cast<float>(mu_z_);
   if (!average_.device().is_cpu()) {
-    if (share.count != 1) throw Error("SMA: a round on a device runs whole, not in shares");
+    if (share.index != 0 || share.count != 1) throw Error("SMA: a round on a device runs whole, not in shares");
     std::vector<float*> w;
     std::vector<const float*> s;
     for (size_t j = 0; j < params.size(); ++j) {

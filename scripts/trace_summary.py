@@ -2,8 +2,10 @@
 """Summarise a Quiver Chrome trace (quiver-train --trace FILE): per step, the wall time from the
 first op's start to the last op's end, the busy time per thread, and the ops that ran side by side
 (overlapping in time), with their granted threads. A learner group's trace is summarised per
-learner and step; --feeder sums up instead how long the training loop waited for each round's
-batches (the "next batches" events) against the rounds' length.
+learner and step (a learner's share of the SMA pass, "sma round", or its "sma absorb", counts as
+one of its ops in that round); --feeder sums up instead how long the training loop waited for
+each round's batches (the "next batches" events) against the rounds' length, the learners' steps
+without their SMA work.
 
 usage: scripts/trace_summary.py TRACE.json [--step N] [--feeder]
 """

@@ -141,10 +141,11 @@ TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
 }
 
 // CPU learners each take a share of the pass on their own threads (LearnerGroup::round): shares
-// made at once on three threads, and two shares on two threads each, give the whole pass's values
-// bit for bit, over buffers whose blocks do not split evenly. A share that does not exist is an error.
+// made at once on three threads, and two shares on two threads each (9 blocks a share, more than
+// the pass's grain of 8, so each share is split again), give the whole pass's values bit for bit.
+// A share that does not exist is an error.
 TEST(Sma, SharesOfARoundEqualTheWholeRound) {
-  const int64_t n = 7 * 4096 + 5;
+  const int64_t n = 17 * 4096 + 5;
   std::mt19937 rng(11);
   auto random_buffer = [&] { return uniform_buffer(n, rng); };
   const Tensor z0 = random_buffer();
@@ -479,6 +480,23 @@ TEST(Rendezvous, NoPartyLeavesBeforeAllHaveArrived) {
         for (int p = 0; p < parties; ++p)
           EXPECT_EQ(saw[p], parties) << "party " << p << " of " << parties << (spin ? ", spinning" : "");
       }
+}
+
+// A party whose work never started is arrived for (arrive(), no wait): it counts, and the others
+// get through once every party is in, not before.
+TEST(Rendezvous, ArrivingForAMissingPartyLetsTheOthersThrough) {
+  Rendezvous meet(3, true);
+  std::atomic<bool> through{false};
+  std::thread waiter([&] {
+    meet.arrive_and_wait();
+    through = true;
+  });
+  meet.arrive();  // for the party that never came: 2 of 3
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(through.load()) << "a waiter left with 2 of 3 parties in";
+  meet.arrive_and_wait();
+  waiter.join();
+  EXPECT_TRUE(through.load());
 }
 
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is
