@@ -248,19 +248,17 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   const int64_t this_round = rounds_done_ + 1;
   auto step = [&, snapshot, shared_sma](size_t j) {
     Learner& learner = *learners_[j];
+    std::exception_ptr error;
     try {
       if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
       learner.loss = learner.trainer->train_step(images[j], labels[j]);
     } catch (...) {
-      if (shared_sma) {  // no SMA this round; the others must not wait for this learner
-        a_step_failed = true;
-        meet.arrive_and_wait();
-      }
-      throw;
+      error = std::current_exception();
+      a_step_failed = true;  // no SMA this round
     }
-    if (!shared_sma) return;
-    meet.arrive_and_wait();
-    if (a_step_failed) return;
+    if (shared_sma) meet.arrive_and_wait();  // also after an error: the others must not wait for ever
+    if (error) std::rethrow_exception(error);
+    if (!shared_sma || a_step_failed) return;
     const int64_t sync_start = trace_clock();
     const ExecContext& threads = learner.trainer->train_plan().context();
     const SmaShare share{static_cast<int>(j), k};
