@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -269,6 +270,52 @@ TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("'scatter'"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("argmax 99"), std::string::npos) << error.what();
+  }
+}
+
+// dx must be the scatter of dy through argmax, bit for bit (a -0 dy included), every element
+// written, over random geometries with overlapping windows, uncovered margins and gaps, at 1 and
+// 2 threads; also where an argmax lies inside the plane but outside its window (apply()).
+TEST(MaxPoolGrad, EqualsTheScatterOfDyThroughArgmax) {
+  std::mt19937 rng(11);
+  auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
+  for (int trial = 0; trial < 40; ++trial) {
+    const Shape x{pick(1, 3), pick(1, 4), pick(1, 30), pick(1, 30)};
+    const int64_t kernel = pick(1, std::min<int64_t>(3, std::min(x[2], x[3]))), stride = pick(1, 4);
+    Attrs attrs;
+    attrs.set("kernel", kernel).set("stride", stride).set("shape", x.dims());
+    const PoolGeometry g = pool_geometry(x, attrs);
+    const Shape pooled_shape{x[0], x[1], g.out_h, g.out_w};
+    GraphBuilder b;
+    Value dx = b.apply1("max_pool2d_grad", {b.input("dy", pooled_shape), b.input("argmax", pooled_shape, DType::I32)},
+                        attrs, "pool_grad");
+    ParamStore store(b.graph());
+    std::vector<float> dy(pooled_shape.numel());
+    for (float& v : dy) v = rng() % 10 == 0 ? -0.0f : static_cast<float>(static_cast<int>(rng() % 7) - 3);
+    std::vector<int32_t> argmax(pooled_shape.numel());
+    for (int64_t p = 0; p < g.planes; ++p)
+      for (int64_t oh = 0; oh < g.out_h; ++oh)
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+          const int64_t kh = pick(0, kernel - 1), kw = pick(0, kernel - 1);
+          int64_t at = (oh * stride + kh) * g.width + ow * stride + kw;
+          if (trial % 5 == 4 && rng() % 8 == 0) at = pick(0, g.plane() - 1);  // anywhere in the plane
+          argmax[(p * g.out_h + oh) * g.out_w + ow] = static_cast<int32_t>(at);
+        }
+    std::vector<float> want(x.numel(), 0.0f);
+    for (int64_t o = 0; o < pooled_shape.numel(); ++o) want[o / g.out_plane() * g.plane() + argmax[o]] += dy[o];
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(cat(x.str(), " kernel ", kernel, " stride ", stride, ", ", threads, " threads"));
+      PlanOptions options;
+      options.threads = threads;
+      Plan plan(b.graph(), store, {dx}, options);
+      std::copy(dy.begin(), dy.end(), plan.input("dy").f32());
+      std::copy(argmax.begin(), argmax.end(), plan.input("argmax").i32());
+      std::fill_n(plan.tensor(dx).f32(), x.numel(), 5.0f);  // every element must be written
+      plan.run();
+      const float* got = plan.tensor(dx).f32();
+      for (int64_t i = 0; i < x.numel(); ++i)
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "element " << i << ": " << got[i] << " vs " << want[i];
+    }
   }
 }
 
