@@ -136,6 +136,12 @@ int main(int argc, char** argv) {
       learners.tune_cut_short = cut_short;
       LearnerGroup group(models::by_name(name), options, learners);
       Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch);
+      std::string windows;  // what the tuner measured (or bounded) and kept, for the log
+      for (const TunerStep& step : group.tuner_history())
+        windows += cat(windows.empty() ? "" : "; ", bench::configuration_cell(step.learners, step.threads_per_learner, device),
+                       step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
+                       step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "");
+      std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
       const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
       // Unsettled: the configuration training ended with (the tuner was still measuring it).
       const int ended_with = group.tuned() ? chosen.learners : group.learners();

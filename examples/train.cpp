@@ -85,6 +85,13 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       const bool single = step.learners == history.front().learners &&
                           step.threads_per_learner == history.front().threads_per_learner;
       if (single) single_sum += step.samples_per_second, ++single_windows;
+      if (step.bounded) {
+        std::printf("  %s: not run, at most %.0f samples/s (its learners' one-thread steps as the executor's serial "
+                    "schedule measured them here): no %.0f%% gain\n",
+                    configuration(step.learners, step.threads_per_learner).c_str(), step.samples_per_second,
+                    100 * options.tune_threshold);
+        continue;
+      }
       std::printf("  %s: %.0f samples/s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single  ? ""

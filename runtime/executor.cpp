@@ -525,6 +525,12 @@ std::vector<std::string> Executor::trial_verdicts() const {
   return names;
 }
 
+double Executor::trial_step_seconds(const std::string& schedule) const {
+  for (size_t c = 0; c < candidate_names_.size() && c < chosen_trial_seconds_.size(); ++c)
+    if (candidate_names_[c] == schedule && !chosen_trial_seconds_[c].empty()) return median_of(chosen_trial_seconds_[c]);
+  return -1.0;
+}
+
 std::vector<double> Executor::schedule_errors() const {
   std::vector<double> errors;
   if (!profiled_) return errors;

@@ -98,6 +98,9 @@ class Executor {
   int trials_done() const { return trials_done_; }
   // The last completed trial's blocks: the schedule each found fastest, in order.
   std::vector<std::string> trial_verdicts() const;
+  // auto: the median step time of candidate `schedule` ("model", "intra", "narrow", "serial") in
+  // the last completed trial's last block; negative before a trial or for an unknown name.
+  double trial_step_seconds(const std::string& schedule) const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
   const std::vector<int>& grants() const { return grants_; }         // per step position

@@ -41,6 +41,20 @@ void LearnerTuner::measured_cut_short(double samples_per_second) {
   record(samples_per_second, true);
 }
 
+bool LearnerTuner::bounded(double samples_per_second) {
+  if (!(samples_per_second > 0.0) || !std::isfinite(samples_per_second))
+    throw Error(cat("learner tuner: a bound of ", samples_per_second, " samples/s"));
+  if (settled_ || phase_ != Phase::Explore || best_.learners == 0 ||
+      samples_per_second > (1.0 + options_.threshold) * best_.samples_per_second)
+    return false;
+  TunerStep skipped = current_;
+  skipped.samples_per_second = samples_per_second;
+  skipped.bounded = true;
+  history_.push_back(skipped);  // last_ stays: the group never ran this configuration
+  settle();
+  return true;
+}
+
 void LearnerTuner::record(double samples_per_second, bool cut_short) {
   if (settled_) throw Error("learner tuner: measured() after it settled");
   if (!(samples_per_second > 0.0) || !std::isfinite(samples_per_second))
@@ -119,6 +133,7 @@ void LearnerTuner::settle() {
   TunerStep kept = best_;
   kept.again = false;
   kept.cut_short = false;
+  kept.bounded = false;
   history_.push_back(kept);
 }
 

@@ -13,6 +13,11 @@
 // new configuration's window is already well below the best (`losing()`), the caller may end the
 // window there: no plausible rest of the window could lift it to a gain worth a learner.
 //
+// A configuration known to lose is not run. Where the caller can bound a new configuration's
+// samples/s from above before running it (LearnerGroup: one-thread learners, from the serial step
+// its executor measured), a bound no higher than the threshold's bar settles the tuner as a loss
+// would, without a window whose training pays for the slower configuration.
+//
 // The tuner only decides; LearnerGroup::fit trains, measures the windows and resizes the group.
 #pragma once
 
@@ -27,6 +32,9 @@ struct TunerStep {
   double samples_per_second = 0.0;
   bool again = false;  // a close call's second window of this configuration
   bool cut_short = false;  // the window ended early: clearly slower than the best (losing())
+  // Not run: samples_per_second is an upper bound the caller knew beforehand, no gain worth a
+  // learner (bounded()).
+  bool bounded = false;
 };
 
 struct TunerOptions {
@@ -55,6 +63,12 @@ class LearnerTuner {
   bool losing(double samples_per_second) const;
   // measured() for a window ended early because losing() said so (recorded as cut short).
   void measured_cut_short(double samples_per_second);
+  // current(), a new configuration being explored, can reach at most `samples_per_second`. When
+  // that is no more than (1 + threshold) x the best, it cannot be a gain worth a learner: it is
+  // recorded (marked bounded, with the bound as its samples/s), the tuner settles as after a
+  // measured loss, and this returns true. Otherwise (or while a close call is being measured, or
+  // for the first configuration) nothing changes, it returns false, and the caller measures.
+  bool bounded(double samples_per_second);
   // The configuration current() asked for could not be built (it would not fit in memory): the
   // group stays in the configuration of the last window, and the tuner settles there, with the
   // mean of that configuration's windows in the comparison under way. (A refused growth keeps the

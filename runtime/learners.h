@@ -66,6 +66,13 @@ struct LearnerOptions {
   // loss costs a quarter of a window instead of a whole one. false: every window runs in full.
   bool tune_cut_short = true;
   double tune_cut_below = 0.10;
+  // CPU: one-thread learners are not run when they cannot gain. Each would run its steps as the
+  // lone learner's executor ran its `serial` candidate in its trial (one op at a time on one
+  // thread), so k of them reach at most k x batch / that step time (the SMA pass and learners
+  // sharing caches and memory bandwidth only lower it). A bound no more than (1 + tune_threshold)
+  // x the best settles the tuner without the trial's window (LearnerTuner::bounded()). Applies
+  // from one learner of several threads under the auto policy. false: every configuration is run.
+  bool tune_bound = true;
   // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
   // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
   // handles' first calls, pinned staging buffers) that otherwise land in the measured window.

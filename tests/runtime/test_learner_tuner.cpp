@@ -3,6 +3,7 @@
 // measured twice in A B B A order, and a refused configuration.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -170,6 +171,41 @@ TEST(LearnerTuner, OnlyAClearLossOfANewConfigurationIsCutShort) {
   TunerOptions bad = on_cores(2, 4);
   bad.cut_below = 1.0;
   EXPECT_THROW(LearnerTuner{bad}, Error);
+}
+
+// A new configuration whose samples/s is bounded at or below the bar ((1 + threshold) x the best)
+// is not run: it is recorded as bounded and the tuner keeps the best, as after a measured loss.
+// A bound above the bar changes nothing (the caller measures); nor does any bound for the first
+// configuration, during a close call's second windows, or once settled. A bound must be finite.
+TEST(LearnerTuner, AConfigurationBoundedBelowTheBarIsNotRun) {
+  LearnerTuner tuner(on_cores(4, 4));
+  EXPECT_FALSE(tuner.bounded(1.0));  // the first configuration: nothing to compare with
+  tuner.measured(100);               // 1 learner
+  EXPECT_EQ(tuner.current().learners, 2);
+  EXPECT_FALSE(tuner.bounded(140));  // could gain: measure it
+  EXPECT_FALSE(tuner.settled());
+  tuner.measured(150);  // 2 learners: +50%
+  EXPECT_EQ(tuner.current().learners, 3);
+  EXPECT_THROW(tuner.bounded(0.0), Error);
+  EXPECT_THROW(tuner.bounded(std::numeric_limits<double>::infinity()), Error);
+  EXPECT_TRUE(tuner.bounded(165));  // 1.1 x 150 exactly: no gain above the threshold
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  const std::vector<TunerStep>& history = tuner.history();
+  ASSERT_EQ(history.size(), 4u);  // 1, 2, 3 (bounded), the kept 2
+  EXPECT_EQ(history[2].learners, 3);
+  EXPECT_TRUE(history[2].bounded);
+  EXPECT_DOUBLE_EQ(history[2].samples_per_second, 165);
+  EXPECT_FALSE(history[1].bounded);
+  EXPECT_FALSE(history[3].bounded);
+  EXPECT_DOUBLE_EQ(history[3].samples_per_second, 150);
+  EXPECT_FALSE(tuner.bounded(1.0));  // settled
+
+  LearnerTuner close(on_cores(4, 4));
+  close.measured(100);
+  close.measured(112);  // 2 learners: a close call, measured again next
+  EXPECT_FALSE(close.bounded(1.0));
+  EXPECT_EQ(close.current().learners, 2);
 }
 
 // On GPUs the tuner adds one learner per device at a time, and threads do not shrink below one.

@@ -499,17 +499,24 @@ TEST(Rendezvous, ArrivingForAMissingPartyLetsTheOthersThrough) {
   EXPECT_TRUE(through.load());
 }
 
+// The tuner with windows of 3 rounds and no time floors (the tests decide by rounds, not by the
+// host's speed), one window per configuration (close calls are LearnerTuner's tests), from one learner.
+LearnerOptions quick_tuning(int max_learners) {
+  LearnerOptions options{1, 1, SmaOptions{}};
+  options.tune = true;
+  options.tune_confirm_band = 0.0;
+  options.tune_window = 3;
+  options.tune_window_seconds = 0.0;
+  options.tune_warmup_seconds = 0.0;
+  options.max_learners = max_learners;
+  return options;
+}
+
 // fit() with the tuner: it measures one learner first, then adds learners while the gain is
 // large enough, and keeps one of the configurations it measured; training continues throughout.
 TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   Dataset train = small_dataset(8 * 64, 3);
-  LearnerOptions options{1, 1, SmaOptions{}};
-  options.tune = true;
-  options.tune_confirm_band = 0.0;  // one window each: close calls are LearnerTuner's tests
-  options.tune_window = 3;
-  options.tune_window_seconds = 0.0;
-  options.tune_warmup_seconds = 0.0;
-  options.max_learners = 3;
+  LearnerOptions options = quick_tuning(3);
   LearnerGroup group(models::mlp(), recipe(), options);
   TrainReport report = group.fit(train, nullptr, 3);
   const std::vector<TunerStep>& history = group.tuner_history();
@@ -537,17 +544,48 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   EXPECT_GT(report.steps, 0);
 }
 
+// One-thread learners are not run when the serial step the lone learner's executor measured bounds
+// them at no gain (LearnerOptions::tune_bound): under a threshold no configuration can clear, 2 x 1
+// is recorded as bounded, at no more than the bar, and the group stays one learner of two threads.
+// With tune_bound off the same run measures 2 x 1. Training stops once the tuner has settled.
+TEST(Learners, TunerDoesNotRunOneThreadLearnersBoundedBelowTheBar) {
+  if (available_cores() < 2) GTEST_SKIP() << "one-thread learners need 2 cores to bound from a 2-thread executor";
+  Dataset train = small_dataset(8 * 64, 3), test = small_dataset(64, 5);
+  TrainOptions auto_policy = recipe();
+  auto_policy.policy = "auto";  // its trial times the serial schedule the bound comes from
+  auto_policy.threads = 2;
+  auto_policy.eval_every = 16;
+  for (bool bound : {true, false}) {
+    SCOPED_TRACE(bound ? "tune_bound on" : "tune_bound off");
+    LearnerOptions options = quick_tuning(2);
+    options.tune_bound = bound;
+    options.tune_threshold = 1e6;
+    options.tune_cores = 2;
+    LearnerGroup group(models::mlp(), auto_policy, options);
+    group.on_evaluation([&group](const Evaluation&) { return !group.tuned(); });
+    group.fit(train, &test, 1000);
+    ASSERT_TRUE(group.tuned());
+    const std::vector<TunerStep>& history = group.tuner_history();
+    ASSERT_EQ(history.size(), 3u);  // 1 x 2, 2 x 1, the kept 1 x 2
+    EXPECT_EQ(history[0].threads_per_learner, 2);
+    EXPECT_FALSE(history[0].bounded);
+    EXPECT_EQ(history[1].learners, 2);
+    EXPECT_EQ(history[1].threads_per_learner, 1);
+    EXPECT_EQ(history[1].bounded, bound);
+    EXPECT_GT(history[1].samples_per_second, 0.0);
+    EXPECT_LE(history[1].samples_per_second, (1.0 + options.tune_threshold) * history[0].samples_per_second);
+    EXPECT_EQ(history[2].learners, 1);
+    EXPECT_EQ(group.learners(), 1);
+    EXPECT_EQ(group.threads_per_learner(), 2);
+  }
+}
+
 // fit() with every gain a close call (a band wider than any gain): the candidate is measured twice
 // without a resize in between, then the best so far again, and the group ends as the tuner chose.
 TEST(Learners, TunerMeasuresACloseCallTwiceWhileTraining) {
   Dataset train = small_dataset(8 * 64, 3);
-  LearnerOptions options{1, 1, SmaOptions{}};
-  options.tune = true;
+  LearnerOptions options = quick_tuning(2);
   options.tune_confirm_band = 1e9;
-  options.tune_window = 3;
-  options.tune_window_seconds = 0.0;
-  options.tune_warmup_seconds = 0.0;
-  options.max_learners = 2;
   LearnerGroup group(models::mlp(), recipe(), options);
   group.fit(train, nullptr, 4);
   ASSERT_TRUE(group.tuned());

@@ -219,6 +219,28 @@ ExecutorOptions quick_auto() {
   return options;
 }
 
+// auto's last trial's step time per candidate schedule (the learner tuner's one-thread bound
+// reads "serial"): none before a trial, or for a name that is no candidate; each candidate's
+// median once a trial has chosen.
+TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
+  options.trial_seconds = 0.0;
+  Executor executor(trainer->train_plan(), options);
+  EXPECT_LT(executor.trial_step_seconds("serial"), 0.0);
+  for (int step = 0; step < 1000 && executor.trials_done() == 0; ++step) executor.run();
+  ASSERT_EQ(executor.trials_done(), 1);
+  for (const char* schedule : {"model", "intra", "narrow", "serial"}) {
+    EXPECT_GT(executor.trial_step_seconds(schedule), 0.0) << schedule;
+    EXPECT_LT(executor.trial_step_seconds(schedule), 1.0) << schedule;
+  }
+  EXPECT_LT(executor.trial_step_seconds("bogus"), 0.0);
+  ExecutorOptions serial;
+  Executor plain(trainer->train_plan(), serial);  // no candidates to try
+  plain.run();
+  EXPECT_LT(plain.trial_step_seconds("serial"), 0.0);
+}
+
 // auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
 // shared host's speed changes in phases); with 0 it never does.
 TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
