@@ -70,6 +70,8 @@ constexpr char kUsage[] =
     "                    learners up to S rounds apart (CPU only)\n"
     "  --cut-short on|off  the tuner ends a clearly slower configuration's window after a\n"
     "                    quarter of it (default on; off: every window in full)\n"
+    "  --bound on|off    the tuner does not run one-thread learners whose samples/s, estimated\n"
+    "                    from the serial step the executor timed, is no gain (default on)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
   Device device;
   int staleness = 0;
   bool cut_short = true;
+  bool bound = true;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -100,11 +103,14 @@ int main(int argc, char** argv) {
       } else if (flag == "--cut-short") {
         if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
         cut_short = value == "on";
+      } else if (flag == "--bound") {
+        if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
+        bound = value == "on";
       } else if (flag == "--staleness") {
         staleness = value == "0" ? 0 : bench::to_int(flag, value, kMaxStaleness);
       } else {
-        throw Error(
-            cat("unknown option '", flag, "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --output)"));
+        throw Error(cat("unknown option '", flag,
+                        "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --output)"));
       }
     }
     bench::check_staleness_on(device, staleness > 0);
@@ -134,11 +140,13 @@ int main(int argc, char** argv) {
       learners.tune = true;
       learners.staleness = staleness;
       learners.tune_cut_short = cut_short;
+      learners.tune_bound = bound;
       LearnerGroup group(models::by_name(name), options, learners);
       Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch);
       std::string windows;  // what the tuner measured (or bounded) and kept, for the log
       for (const TunerStep& step : group.tuner_history())
-        windows += cat(windows.empty() ? "" : "; ", bench::configuration_cell(step.learners, step.threads_per_learner, device),
+        windows += cat(windows.empty() ? "" : "; ",
+                       bench::configuration_cell(step.learners, step.threads_per_learner, device),
                        step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
                        step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "");
       std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");

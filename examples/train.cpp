@@ -75,23 +75,24 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, a quarter of that for a clear "
                 "loss, measured in this run):\n",
                 options.tune_window, options.tune_window_seconds);
-    // Once settled, the last entry repeats the choice; until then every entry is a measurement.
+    // Once settled, the last entry repeats the choice; every other entry is a measurement, or a
+    // configuration not run because one_thread_bound() said it could not gain (bounded).
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
     // Single-stream's samples/s: the mean of the first configuration's windows (two after a close call).
     double single_sum = 0.0;
     int single_windows = 0;
     for (size_t i = 0; i < measured; ++i) {
       const TunerStep& step = history[i];
-      const bool single = step.learners == history.front().learners &&
-                          step.threads_per_learner == history.front().threads_per_learner;
-      if (single) single_sum += step.samples_per_second, ++single_windows;
       if (step.bounded) {
-        std::printf("  %s: not run, at most %.0f samples/s (its learners' one-thread steps as the executor's serial "
-                    "schedule measured them here): no %.0f%% gain\n",
+        std::printf("  %s: not run, at most about %.0f samples/s (its learners' one-thread steps as the "
+                    "executor's serial schedule ran them here): no %.0f%% gain\n",
                     configuration(step.learners, step.threads_per_learner).c_str(), step.samples_per_second,
                     100 * options.tune_threshold);
         continue;
       }
+      const bool single = step.learners == history.front().learners &&
+                          step.threads_per_learner == history.front().threads_per_learner;
+      if (single) single_sum += step.samples_per_second, ++single_windows;
       std::printf("  %s: %.0f samples/s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single  ? ""

@@ -99,7 +99,8 @@ class Executor {
   // The last completed trial's blocks: the schedule each found fastest, in order.
   std::vector<std::string> trial_verdicts() const;
   // auto: the median step time of candidate `schedule` ("model", "intra", "narrow", "serial") in
-  // the last completed trial's last block; negative before a trial or for an unknown name.
+  // the last completed trial's last block (the figure explain() prints); negative before a trial,
+  // for an unknown name, and under the other policies (they try no candidates).
   double trial_step_seconds(const std::string& schedule) const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }

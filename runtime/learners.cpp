@@ -176,6 +176,13 @@ int64_t LearnerGroup::executor_tuning_runs_left() const {
   return left;
 }
 
+double LearnerGroup::one_thread_bound(int learners) const {
+  if (!train_.device.is_cpu() || this->learners() != 1 || threads_per_learner_ < 2) return -1.0;
+  const Executor* executor = learner_executor(0);
+  const double step = executor ? executor->trial_step_seconds("serial") : -1.0;
+  return step > 0.0 ? static_cast<double>(learners) * static_cast<double>(batch_) / step : -1.0;
+}
+
 void LearnerGroup::settle() const {
   std::exception_ptr first_error;
   for (const auto& learner : learners_) {
@@ -445,16 +452,6 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     measured_samples = 0;
   };
   if (tuner) start_measuring(true);
-  // What one-thread learners could reach at most (LearnerOptions::tune_bound), from the serial
-  // step the lone learner's executor measured in this run; negative when no bound is known.
-  auto one_thread_bound = [&](const TunerStep& next) -> double {
-    if (!options_.tune_bound || !train_.device.is_cpu() || next.threads_per_learner != 1 || learners() != 1 ||
-        threads_per_learner_ < 2)
-      return -1.0;
-    const Executor* executor = learners_[0]->trainer->executor();
-    const double step = executor ? executor->trial_step_seconds("serial") : -1.0;
-    return step > 0.0 ? static_cast<double>(next.learners * batch_) / step : -1.0;
-  };
 
   // One batch per learner a round, handed over as they came; kept while a learner may still be
   // running that round (up to `staleness` rounds back).
@@ -530,8 +527,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           else
             tuner->measured_cut_short(rate);
           TunerStep next = tuner->current();
-          if (const double most = tuner->settled() ? -1.0 : one_thread_bound(next); most > 0.0 && tuner->bounded(most))
-            next = tuner->current();  // not run: it could not gain enough (the kept configuration)
+          // One-thread learners that could not gain enough are not run (the tuner then keeps the best).
+          const bool boundable = options_.tune_bound && !tuner->settled() && next.threads_per_learner == 1;
+          const double most = boundable ? one_thread_bound(next.learners) : -1.0;
+          if (most > 0.0 && tuner->bounded(most)) next = tuner->current();
           const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;
           if (change) {
             try {

@@ -68,10 +68,12 @@ struct LearnerOptions {
   double tune_cut_below = 0.10;
   // CPU: one-thread learners are not run when they cannot gain. Each would run its steps as the
   // lone learner's executor ran its `serial` candidate in its trial (one op at a time on one
-  // thread), so k of them reach at most k x batch / that step time (the SMA pass and learners
-  // sharing caches and memory bandwidth only lower it). A bound no more than (1 + tune_threshold)
-  // x the best settles the tuner without the trial's window (LearnerTuner::bounded()). Applies
-  // from one learner of several threads under the auto policy. false: every configuration is run.
+  // thread), so k of them can reach about k x batch / that schedule's median step and no more
+  // (the SMA pass and learners sharing caches and memory bandwidth only lower it; measured here,
+  // a one-thread trainer's step is no faster than that candidate's). An estimate no more than
+  // (1 + tune_threshold) x the best settles the tuner without the trial's window
+  // (LearnerTuner::bounded(), one_thread_bound()). Applies where one learner of several threads
+  // is followed by learners of one thread: 2 or 3 cores. false: every configuration is run.
   bool tune_bound = true;
   // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
   // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
@@ -121,6 +123,15 @@ class LearnerGroup {
   // Profiling and trial steps the learners' executors (auto policy) still have to run: their
   // steps are not representative until then. Settles first.
   int64_t executor_tuning_runs_left() const;
+  // CPU, one learner of several threads under the auto policy, after its executor's trial: the
+  // samples/s `learners` learners of one thread each could reach at most, learners x batch / the
+  // median serial step of that trial (LearnerOptions::tune_bound). Negative when not known.
+  double one_thread_bound(int learners) const;
+  // Learner j's executor (nullptr when its policy runs none). Settles first.
+  const Executor* learner_executor(int j) const {
+    settle();
+    return learners_.at(j)->trainer->executor();
+  }
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.

@@ -273,7 +273,8 @@ TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
   }
 }
 
-// dx must be the scatter of dy through argmax, bit for bit (a -0 dy included), every element
+// dx must be the scatter of dy through argmax into zeros, bit for bit (a -0 dy gives +0, as
+// 0 + -0 does: kept on purpose, a kernel writing dy directly must add 0 too), every element
 // written, over random geometries with overlapping windows, uncovered margins and gaps, at 1 and
 // 2 threads; also where an argmax lies inside the plane but outside its window (apply()).
 TEST(MaxPoolGrad, EqualsTheScatterOfDyThroughArgmax) {
@@ -314,7 +315,8 @@ TEST(MaxPoolGrad, EqualsTheScatterOfDyThroughArgmax) {
       plan.run();
       const float* got = plan.tensor(dx).f32();
       for (int64_t i = 0; i < x.numel(); ++i)
-        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "element " << i << ": " << got[i] << " vs " << want[i];
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+            << "element " << i << ": " << got[i] << " vs " << want[i];
     }
   }
 }

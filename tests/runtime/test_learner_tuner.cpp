@@ -188,24 +188,57 @@ TEST(LearnerTuner, AConfigurationBoundedBelowTheBarIsNotRun) {
   EXPECT_EQ(tuner.current().learners, 3);
   EXPECT_THROW(tuner.bounded(0.0), Error);
   EXPECT_THROW(tuner.bounded(std::numeric_limits<double>::infinity()), Error);
-  EXPECT_TRUE(tuner.bounded(165));  // 1.1 x 150 exactly: no gain above the threshold
+  EXPECT_TRUE(tuner.bounded(160));  // under 1.1 x 150: no gain above the threshold
   ASSERT_TRUE(tuner.settled());
   EXPECT_EQ(tuner.current().learners, 2);
   const std::vector<TunerStep>& history = tuner.history();
   ASSERT_EQ(history.size(), 4u);  // 1, 2, 3 (bounded), the kept 2
   EXPECT_EQ(history[2].learners, 3);
   EXPECT_TRUE(history[2].bounded);
-  EXPECT_DOUBLE_EQ(history[2].samples_per_second, 165);
+  EXPECT_DOUBLE_EQ(history[2].samples_per_second, 160);
   EXPECT_FALSE(history[1].bounded);
   EXPECT_FALSE(history[3].bounded);
   EXPECT_DOUBLE_EQ(history[3].samples_per_second, 150);
   EXPECT_FALSE(tuner.bounded(1.0));  // settled
 
+  // A bound exactly at the bar is no gain above it (1.5 x 100: exact in binary).
+  TunerOptions half = on_cores(2, 2);
+  half.threshold = 0.5;
+  LearnerTuner at_bar(half);
+  at_bar.measured(100);
+  EXPECT_FALSE(at_bar.bounded(150.5));
+  EXPECT_TRUE(at_bar.bounded(150));
+
+  // A close call's second windows are measured whatever a bound says.
   LearnerTuner close(on_cores(4, 4));
   close.measured(100);
   close.measured(112);  // 2 learners: a close call, measured again next
   EXPECT_FALSE(close.bounded(1.0));
   EXPECT_EQ(close.current().learners, 2);
+  close.measured(114);  // ...then 1 learner again
+  EXPECT_EQ(close.current().learners, 1);
+  EXPECT_FALSE(close.bounded(1.0));
+  close.measured(101);  // 113 against 100.5 x 1.1: 2 learners win; 3 next
+  EXPECT_EQ(close.current().learners, 3);
+  EXPECT_TRUE(close.bounded(120));
+  EXPECT_EQ(close.current().learners, 2);
+}
+
+// A configuration refused after a bounded one (the kept one would not fit, say): the bounded
+// entry stays in the history, and the tuner settles where the group last measured.
+TEST(LearnerTuner, ARefusalAfterABoundKeepsTheBoundedEntry) {
+  LearnerTuner tuner(on_cores(4, 4));
+  tuner.measured(100);
+  tuner.measured(150);  // 2 learners
+  ASSERT_TRUE(tuner.bounded(120));  // 3 learners: not run; keep 2
+  tuner.refused();
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  const std::vector<TunerStep>& history = tuner.history();
+  ASSERT_EQ(history.size(), 4u);
+  EXPECT_TRUE(history[2].bounded);
+  EXPECT_EQ(history[3].learners, 2);
+  EXPECT_FALSE(history[3].bounded);
 }
 
 // On GPUs the tuner adds one learner per device at a time, and threads do not shrink below one.

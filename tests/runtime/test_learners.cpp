@@ -573,6 +573,13 @@ TEST(Learners, TunerDoesNotRunOneThreadLearnersBoundedBelowTheBar) {
     EXPECT_EQ(history[1].threads_per_learner, 1);
     EXPECT_EQ(history[1].bounded, bound);
     EXPECT_GT(history[1].samples_per_second, 0.0);
+    if (bound) {  // 2 learners x batch 8 / the median serial step of the lone learner's trial
+      const Executor* executor = group.learner_executor(0);
+      ASSERT_NE(executor, nullptr);
+      EXPECT_NEAR(history[1].samples_per_second * executor->trial_step_seconds("serial"), 2.0 * 8, 1e-9);
+      EXPECT_DOUBLE_EQ(group.one_thread_bound(2), history[1].samples_per_second);
+      EXPECT_DOUBLE_EQ(group.one_thread_bound(4), 2 * history[1].samples_per_second);
+    }
     EXPECT_LE(history[1].samples_per_second, (1.0 + options.tune_threshold) * history[0].samples_per_second);
     EXPECT_EQ(history[2].learners, 1);
     EXPECT_EQ(group.learners(), 1);

@@ -219,9 +219,9 @@ ExecutorOptions quick_auto() {
   return options;
 }
 
-// auto's last trial's step time per candidate schedule (the learner tuner's one-thread bound
-// reads "serial"): none before a trial, or for a name that is no candidate; each candidate's
-// median once a trial has chosen.
+// auto's last trial's median step per candidate schedule (the learner tuner's one-thread bound
+// reads "serial"): none before a trial, for a name that is no candidate, or under another
+// policy; once a trial has chosen, each candidate's, as explain() prints it.
 TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
   std::unique_ptr<Trainer> trainer = small_mlp();
   ExecutorOptions options = quick_auto();
@@ -234,6 +234,11 @@ TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
     EXPECT_GT(executor.trial_step_seconds(schedule), 0.0) << schedule;
     EXPECT_LT(executor.trial_step_seconds(schedule), 1.0) << schedule;
   }
+  // The explain report prints the same block's medians (in ms, cut to two decimals).
+  const std::string report = executor.explain();
+  const size_t at = report.find(" serial ", report.find("median step time"));
+  ASSERT_NE(at, std::string::npos) << report;
+  EXPECT_NEAR(1e3 * executor.trial_step_seconds("serial"), std::stod(report.substr(at + 8)), 0.011) << report;
   EXPECT_LT(executor.trial_step_seconds("bogus"), 0.0);
   ExecutorOptions serial;
   Executor plain(trainer->train_plan(), serial);  // no candidates to try
