@@ -78,9 +78,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     // Once settled, the last entry repeats the choice; every other entry is a measurement, or a
     // configuration not run because one_thread_bound() said it could not gain (bounded).
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
-    // Single-stream's samples/s: the mean of the first configuration's windows (two after a close call).
-    double single_sum = 0.0;
-    int single_windows = 0;
+    // Single-stream's samples/s: its faster window (two after a gain), as the tuner counts it.
+    double single_rate = 0.0;
     for (size_t i = 0; i < measured; ++i) {
       const TunerStep& step = history[i];
       if (step.bounded) {
@@ -92,20 +91,20 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       }
       const bool single = step.learners == history.front().learners &&
                           step.threads_per_learner == history.front().threads_per_learner;
-      if (single) single_sum += step.samples_per_second, ++single_windows;
+      if (single) single_rate = std::max(single_rate, step.samples_per_second);
       std::printf("  %s: %.0f samples/s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single  ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
                            : "  (single-stream: one learner, one CUDA stream)",
-                  step.again ? "  (measured again: a close call)" : "",
+                  step.again ? "  (measured again: a gain or a close call)" : "",
                   step.cut_short ? "  (window cut short: clearly slower)" : "");
     }
     if (group.tuned()) {
       const TunerStep& chosen = history.back();
       std::printf("chose %s: %.0f samples/s, %.2fx single-stream\n",
                   configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
-                  chosen.samples_per_second / (single_sum / single_windows));
+                  chosen.samples_per_second / single_rate);
     } else {
       std::printf("not settled: training ended while %s were being measured (more --epochs give it the rounds)\n",
                   configuration(group.learners(), group.threads_per_learner()).c_str());

@@ -430,6 +430,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     tuning.max_learners = std::max(tuner_step, static_cast<int>(std::min<int64_t>(per_epoch, options_.max_learners)));
     tuning.threshold = options_.tune_threshold;
     tuning.confirm_band = options_.tune_confirm_band;
+    tuning.confirm_gains = options_.tune_confirm_gains;
     tuning.cut_below = options_.tune_cut_below;
     tuner.emplace(tuning);
     history_.clear();

@@ -59,6 +59,7 @@ struct LearnerOptions {
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
   double tune_confirm_band = 0.10;  // a gain within this of the threshold is measured twice (learner_tuner.h)
+  bool tune_confirm_gains = true;   // ...and so is every gain above it (false: a clear gain on one window)
   int tune_window = 20;          // rounds measured per configuration, after its warm-up...
   double tune_window_seconds = 0.5;  // ...and at least this long: short windows on a shared machine are noise
   // A new configuration whose window reads, after a quarter of its rounds and of its seconds,
