@@ -5,7 +5,8 @@
 // change; the test set is evaluated --evals-per-epoch times an epoch (every that fraction of an
 // epoch's batches, every learner's counted, and at each epoch's end; evaluation time excluded
 // from the clock); stop at the target or after --max-epochs. Time is training time up to the
-// evaluation that first reached the target.
+// evaluation that first reached the target. With --lr-scaling linear the auto run's k learners
+// train at k x lr (the linear scaling rule; k = 1, single-stream's case, unchanged).
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -72,6 +73,8 @@ constexpr char kUsage[] =
     "                    quarter of it (default on; off: every window in full)\n"
     "  --bound on|off    the tuner does not run one-thread learners whose samples/s, estimated\n"
     "                    from the serial step the executor timed, is no gain (default on)\n"
+    "  --lr-scaling none|linear  the auto run's learning rate: linear trains k learners at k x\n"
+    "                    lr (the linear scaling rule); default none: lr 0.01 whatever k\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
   int staleness = 0;
   bool cut_short = true;
   bool bound = true;
+  bool scale_lr = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -106,11 +110,15 @@ int main(int argc, char** argv) {
       } else if (flag == "--bound") {
         if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
         bound = value == "on";
+      } else if (flag == "--lr-scaling") {
+        if (value != "none" && value != "linear") throw Error(cat(flag, ": expected none or linear, got '", value, "'"));
+        scale_lr = value == "linear";
       } else if (flag == "--staleness") {
         staleness = value == "0" ? 0 : bench::to_int(flag, value, kMaxStaleness);
       } else {
         throw Error(cat("unknown option '", flag,
-                        "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --output)"));
+                        "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
+                        " --output)"));
       }
     }
     bench::check_staleness_on(device, staleness > 0);
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
       learners.staleness = staleness;
       learners.tune_cut_short = cut_short;
       learners.tune_bound = bound;
+      learners.scale_lr = scale_lr;
       LearnerGroup group(models::by_name(name), options, learners);
       Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch);
       std::string windows;  // what the tuner measured (or bounded) and kept, for the log

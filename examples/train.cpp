@@ -35,6 +35,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;
+  options.scale_lr = command.scale_lr;
   options.tune_cores = command.train.threads;
   const std::string sync =
       command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;

@@ -23,6 +23,7 @@ struct TrainCommand {
   double alpha = -1.0;            // SMA correction weight; negative: 1/k
   std::string sync = "sma";
   int staleness = 0;              // the clock gate: learners up to this many rounds apart (0: synchronous)
+  bool scale_lr = false;          // --lr-scaling linear: k learners at k x --lr
   int gpus = 1;  // with --device cuda and --learners: learners spread over this many GPUs
   std::string checkpoint;  // with --learners: save the average model here after training
   std::string resume;      // with --learners: start from this checkpoint

@@ -102,6 +102,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     throw Error(cat("learners: ", learners, " learner(s) cannot cover ", devices_.size(), " devices"));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
+  if (options_.scale_lr) replica.learning_rate *= learners;
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   replica.trace_path.clear();
@@ -590,7 +591,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
 void LearnerGroup::ssgd_update() {
   const Tensor& z = average_->params().flat_params();
   const int64_t n = z.numel();
-  const float lr = static_cast<float>(train_.learning_rate), momentum = static_cast<float>(train_.momentum),
+  const double scale = options_.scale_lr ? static_cast<double>(learners_.size()) : 1.0;
+  const float lr = static_cast<float>(scale * train_.learning_rate), momentum = static_cast<float>(train_.momentum),
               decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());
   float* w = z.f32();
   float* v = ssgd_velocity_.f32();

