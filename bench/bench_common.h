@@ -60,6 +60,12 @@ inline int to_int(const std::string& flag, const std::string& text, int high = k
   throw Error(cat(flag, ": expected a whole number from 1 to ", high, ", got '", text, "'"));
 }
 
+// "on" -> true, "off" -> false given to `flag`, or quiver::Error naming it.
+inline bool on_off(const std::string& flag, const std::string& text) {
+  if (text != "on" && text != "off") throw Error(cat(flag, ": expected on or off, got '", text, "'"));
+  return text == "on";
+}
+
 // Runs `parse` (a library parser: a model name, a device), naming `flag` in the error it throws.
 template <class Parse>
 auto for_flag(const std::string& flag, Parse&& parse) {

@@ -105,11 +105,9 @@ int main(int argc, char** argv) {
       } else if (flag == "--device") {
         device = bench::for_flag(flag, [&] { return Device::parse(value); });
       } else if (flag == "--cut-short") {
-        if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
-        cut_short = value == "on";
+        cut_short = bench::on_off(flag, value);
       } else if (flag == "--bound") {
-        if (value != "on" && value != "off") throw Error(cat(flag, ": expected on or off, got '", value, "'"));
-        bound = value == "on";
+        bound = bench::on_off(flag, value);
       } else if (flag == "--lr-scaling") {
         if (value != "none" && value != "linear") throw Error(cat(flag, ": expected none or linear, got '", value, "'"));
         scale_lr = value == "linear";

@@ -530,7 +530,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
             tuner->measured_cut_short(rate);
           TunerStep next = tuner->current();
           // One-thread learners that could not gain enough are not run (the tuner then keeps the best).
-          const bool boundable = options_.tune_bound && !tuner->settled() && next.threads_per_learner == 1;
+          const bool boundable = options_.tune_bound && next.threads_per_learner == 1;
           const double most = boundable ? one_thread_bound(next.learners) : -1.0;
           if (most > 0.0 && tuner->bounded(most)) next = tuner->current();
           const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;

@@ -273,6 +273,21 @@ TEST(MaxPoolGrad, AnArgmaxOutsideThePlaneIsRefused) {
   }
 }
 
+// A random max-pool case: x (1-3, 1-4, 1-side, 1-side), a kernel of 1-max_kernel that fits x, a
+// stride of 1-max_stride.
+struct PoolCase {
+  Shape x;
+  int64_t kernel = 1, stride = 1;
+};
+PoolCase random_pool_case(std::mt19937& rng, int64_t side, int64_t max_kernel, int64_t max_stride) {
+  auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
+  PoolCase c;
+  c.x = Shape{pick(1, 3), pick(1, 4), pick(1, side), pick(1, side)};
+  c.kernel = pick(1, std::min(max_kernel, std::min(c.x[2], c.x[3])));
+  c.stride = pick(1, max_stride);
+  return c;
+}
+
 // dx must be the scatter of dy through argmax into zeros, bit for bit (a -0 dy gives +0, as
 // 0 + -0 does: kept on purpose, a kernel writing dy directly must add 0 too), every element
 // written, over random geometries with overlapping windows, uncovered margins and gaps, at 1 and
@@ -281,8 +296,7 @@ TEST(MaxPoolGrad, EqualsTheScatterOfDyThroughArgmax) {
   std::mt19937 rng(11);
   auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
   for (int trial = 0; trial < 40; ++trial) {
-    const Shape x{pick(1, 3), pick(1, 4), pick(1, 30), pick(1, 30)};
-    const int64_t kernel = pick(1, std::min<int64_t>(3, std::min(x[2], x[3]))), stride = pick(1, 4);
+    const auto [x, kernel, stride] = random_pool_case(rng, 30, 3, 4);
     Attrs attrs;
     attrs.set("kernel", kernel).set("stride", stride).set("shape", x.dims());
     const PoolGeometry g = pool_geometry(x, attrs);
@@ -327,10 +341,8 @@ TEST(MaxPoolGrad, EqualsTheScatterOfDyThroughArgmax) {
 // tie at 0) and NaNs, over random geometries, at 1 and 2 threads.
 TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
   std::mt19937 rng(7);
-  auto pick = [&rng](int64_t low, int64_t high) { return low + static_cast<int64_t>(rng() % (high - low + 1)); };
   for (int trial = 0; trial < 40; ++trial) {
-    const Shape x{pick(1, 3), pick(1, 4), pick(1, 40), pick(1, 40)};
-    const int64_t kernel = pick(1, std::min<int64_t>(4, std::min(x[2], x[3]))), stride = pick(1, 3);
+    const auto [x, kernel, stride] = random_pool_case(rng, 40, 4, 3);
     Attrs attrs;
     attrs.set("kernel", kernel).set("stride", stride);
     GraphBuilder b;
