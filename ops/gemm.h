@@ -20,6 +20,10 @@ struct GemmShape {
 
 // c (M, N) <- alpha * op(a) * op(b) + beta * c
 void gemm(float* c, const float* a, const float* b, GemmShape shape, const ExecContext& ctx);
+// How gemm() cuts C among `slices` threads: by columns where N > M and either there are too few
+// rows for 8 per slice, or B is larger than a core's L2 cache and there are too few rows for 32
+// per slice; else by rows.
+bool gemm_cuts_columns(GemmShape shape, int64_t slices);
 // The same with naive loops: the reference the tests compare against.
 void gemm_reference(float* c, const float* a, const float* b, GemmShape shape);
 

@@ -15,6 +15,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "ops/conv2d.h"
+#include "ops/gemm.h"
 #include "ops/pool.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
@@ -380,6 +381,26 @@ TEST(Gemm, WideTransposedBIsComputedInBlocks) {
   for (int64_t n : {int64_t{1025}, int64_t{2085}}) {
     SCOPED_TRACE(cat("N = ", n));
     check_forward(matmul_case(false, true, 3, n, 9));
+  }
+}
+
+// gemm() cuts C by columns where N > M and the rows are too few for 8 per slice, or where B
+// outgrows a core's L2 cache (each row slice would stream all of it) and the rows are too few for
+// 32 per slice; else by rows. A 64 MB B outgrows any L2; a 64 KB one none. Products cut either
+// way equal the reference, B transposed or not (check_forward runs them on 1 and 2 threads).
+TEST(Gemm, ColumnsAreCutWhereRowSlicesWouldEachStreamALargeB) {
+  auto shape = [](int64_t m, int64_t n, int64_t k) { return GemmShape{m, n, k}; };
+  EXPECT_TRUE(gemm_cuts_columns(shape(4, 512, 32), 2));         // 2 rows a slice: too few
+  EXPECT_FALSE(gemm_cuts_columns(shape(16, 512, 32), 2));       // B 64 KB: rows
+  EXPECT_TRUE(gemm_cuts_columns(shape(16, 4096, 4096), 2));     // B 64 MB: columns
+  EXPECT_TRUE(gemm_cuts_columns(shape(64, 4096, 4096), 4));
+  EXPECT_FALSE(gemm_cuts_columns(shape(64, 4096, 4096), 2));    // 32 rows a slice: enough
+  EXPECT_FALSE(gemm_cuts_columns(shape(4096, 4096, 4096), 2));  // N <= M: rows
+  EXPECT_FALSE(gemm_cuts_columns(shape(16, 4096, 4096), 1));    // one slice: nothing to cut
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "B transposed" : "B as stored");
+    check_forward(matmul_case(false, transposed, 16, 1008, 1100));  // B 4.4 MB
+    check_forward(matmul_case(false, transposed, 16, 96, 40));
   }
 }
 
