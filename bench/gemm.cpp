@@ -3,8 +3,6 @@
 // of oneDNN's sgemm (what ops/gemm.cpp calls on each slice) against Eigen's single-threaded
 // matrix product, and prints GFLOP/s and the ratio; then, on 2 threads, the same products cut by
 // rows and by columns (ops/gemm.cpp's gemm_cuts_columns picks one). Medians of several repeats.
-// Before each 2-thread call both threads overwrite a buffer larger than their L2, as a training
-// step's other ops do, so B is read from where training finds it.
 #include <Eigen/Core>
 #include <omp.h>
 
@@ -23,6 +21,13 @@ namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// Of an even count, the mean of the middle two.
+double median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  const size_t middle = times.size() / 2;
+  return times.size() % 2 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
+}
+
 // One untimed call first (oneDNN's JIT and the caches warm up there), then the median of
 // `repeats` timed calls.
 template <typename Fn>
@@ -34,9 +39,7 @@ double median_seconds(Fn fn, int repeats) {
     fn();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(times.begin(), times.end());
-  const size_t middle = times.size() / 2;  // of an even count, the mean of the middle two
-  return times.size() % 2 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
+  return median(times);
 }
 
 }  // namespace
@@ -80,53 +83,61 @@ int main(int argc, char** argv) {
                 flops / eigen / 1e9, eigen / onednn);
   }
 
-  // Two threads: each takes half of C's rows, or half of its columns (16-column multiples), with
-  // one single-threaded quiver::gemm per half, as ops/gemm.cpp does.
-  quiver::ThreadBudget two(2);
-  const quiver::SerialContext one;
+  // Two threads: each takes half of C's rows, or half of its columns (16-column units), with one
+  // single-threaded quiver::gemm per half, as ops/gemm.cpp cuts them. Besides the cases above,
+  // the LSTM's input-weight gradient (A transposed: x^T times the gates' gradient), whose B is the
+  // largest of the bundled models' at batch 64.
+  struct Cut { const char* what; int m, n, k; bool trans_a; };
+  std::vector<Cut> cuts;
+  for (const Case& c : cases)
+    if (c.n > c.m) cuts.push_back({c.what, c.m, c.n, c.k, false});  // else gemm() cuts rows whatever the size
+  for (int batch : {16, 64, 256}) cuts.push_back({"lstm input weight grad", 28, 512, batch * 28, true});
+  quiver::ThreadBudget two_threads(2);
+  const quiver::SerialContext one_thread;
   std::vector<std::vector<float>> evict(2, std::vector<float>(size_t{1} << 20));
   std::printf("\n| GEMM on 2 threads (M x N x K) | cut by rows, us | cut by columns, us | rows / columns | gemm() cuts |\n"
               "|---|---|---|---|---|\n");
-  for (const Case& c : cases) {
-    if (c.n <= c.m) continue;  // gemm() cuts rows there whatever the size
-    RowMatrix a = RowMatrix::Random(c.m, c.k), b = RowMatrix::Random(c.k, c.n), out(c.m, c.n);
-    const quiver::GemmShape whole{c.m, c.n, c.k};
+  for (const Cut& c : cuts) {
+    std::vector<float> a(static_cast<size_t>(c.m) * c.k, 0.5f), b(static_cast<size_t>(c.k) * c.n, 0.25f),
+        out(static_cast<size_t>(c.m) * c.n);
+    const quiver::GemmShape whole{c.m, c.n, c.k, c.trans_a, false};
     auto halves = [&](bool columns) {
-      two.parallel_for(2, 1, [&](int64_t first, int64_t last) {
+      two_threads.parallel_for(2, 1, [&](int64_t first, int64_t last) {
         for (int64_t half = first; half < last; ++half) {
-          const int64_t extent = columns ? c.n / 16 : c.m, unit = columns ? 16 : 1;
-          const int64_t begin = std::min<int64_t>(columns ? c.n : c.m, extent * half / 2 * unit);
-          const int64_t end = half == 1 ? (columns ? c.n : c.m) : extent / 2 * unit;
+          const int64_t size = columns ? c.n : c.m, unit = columns ? 16 : 1;
+          const int64_t units = (size + unit - 1) / unit;
+          const int64_t begin = std::min(size, units * half / 2 * unit), end = std::min(size, units * (half + 1) / 2 * unit);
           quiver::GemmShape part = whole;
-          part.lda = c.k, part.ldb = c.n, part.ldc = c.n;
+          part.lda = c.trans_a ? c.m : c.k, part.ldb = c.n, part.ldc = c.n;
           if (columns) {
             part.n = end - begin;
-            quiver::gemm(out.data() + begin, a.data(), b.data() + begin, part, one);
+            quiver::gemm(out.data() + begin, a.data(), b.data() + begin, part, one_thread);
           } else {
             part.m = end - begin;
-            quiver::gemm(out.data() + begin * c.n, a.data() + begin * c.k, b.data(), part, one);
+            quiver::gemm(out.data() + begin * c.n, a.data() + (c.trans_a ? begin : begin * c.k), b.data(), part,
+                         one_thread);
           }
         }
       });
     };
-    // Before each timed call both threads overwrite 4 MiB of their own, so B comes from where a
-    // training step leaves it (its other ops run in between), not from the last call's L2.
-    auto timed = [&](bool columns, int repeats) {
-      std::vector<double> times;
-      for (int r = 0; r <= repeats; ++r) {  // the first call warms up, untimed
-        two.parallel_for(2, 1, [&](int64_t first, int64_t last) {
+    // Rows and columns alternate, in turn first, so a phase of this shared host hits both. Before
+    // each timed call both threads overwrite 4 MiB of their own, so B comes from where a training
+    // step leaves it (its other ops run in between), not from the last call's L2.
+    const double flops = 2.0 * c.m * c.n * c.k;
+    const int repeats = std::max(25, static_cast<int>(2e8 / flops));
+    std::vector<double> times[2];  // [0]: by rows, [1]: by columns
+    for (int r = 0; r <= repeats; ++r) {  // the first pair warms up, untimed
+      for (int turn = 0; turn < 2; ++turn) {
+        const bool columns = (turn + r) % 2 == 1;
+        two_threads.parallel_for(2, 1, [&](int64_t first, int64_t last) {
           for (int64_t t = first; t < last; ++t) std::fill(evict[t].begin(), evict[t].end(), static_cast<float>(r));
         });
         const auto start = std::chrono::steady_clock::now();
         halves(columns);
-        if (r > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        if (r > 0) times[columns].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
-      std::sort(times.begin(), times.end());
-      return times[times.size() / 2];
-    };
-    const double flops = 2.0 * c.m * c.n * c.k;
-    const int repeats = std::max(25, static_cast<int>(2e8 / flops));
-    const double rows = timed(false, repeats), columns = timed(true, repeats);
+    }
+    const double rows = median(times[0]), columns = median(times[1]);
     std::printf("| %s (%d x %d x %d) | %.1f | %.1f | %.2f | %s |\n", c.what, c.m, c.n, c.k, rows * 1e6, columns * 1e6,
                 rows / columns, quiver::gemm_cuts_columns(whole, 2) ? "columns" : "rows");
   }

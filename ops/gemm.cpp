@@ -50,10 +50,16 @@ void sgemm_single_thread(float* c, const float* a, const float* b, const GemmSha
 // Below this many multiply-adds a slice is not worth a thread.
 constexpr int64_t kMinWorkPerSlice = 32 * 1024;
 
-// One core's L2 cache in bytes (1 MiB where the system does not say).
+// One core's L2 cache in bytes as glibc reports it (1 MiB where it does not). glibc gives the
+// size of one L2 instance, which some CPUs share among cores (Intel's E-core clusters) or SMT
+// siblings: there B may stream from L2 at a smaller size than this says. The threshold was
+// measured on one host (AMD EPYC, 1 MiB per core; docs/benchmarks.md).
 int64_t l2_bytes_per_core() {
   static const int64_t bytes = [] {
-    const long reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    long reported = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
     return reported > 0 ? static_cast<int64_t>(reported) : int64_t{1} << 20;
   }();
   return bytes;
@@ -61,15 +67,17 @@ int64_t l2_bytes_per_core() {
 
 }  // namespace
 
-bool gemm_cuts_columns(GemmShape s, int64_t slices) {
+bool gemm_cuts_columns(GemmShape s, int64_t slices) { return gemm_cuts_columns(s, slices, l2_bytes_per_core()); }
+
+bool gemm_cuts_columns(GemmShape s, int64_t slices, int64_t l2_bytes) {
   if (slices <= 1 || s.n <= s.m) return false;
   // Each slice of rows streams all of B, each slice of columns only its share. Where every row
   // slice gets 8 rows or more, sgemm runs row slices as fast as the narrower column slices, unless
   // B outgrows a core's L2 cache and the slices have too few rows (under 32) to hide streaming it.
-  // The MLP's fc1 at batch 16 (16 x 784 x 512, B 1.6 MB) cut by columns: its step on 2 threads
-  // 0.35 ms instead of 0.44, training 1.1-1.2x faster; at batch 256 columns lost (0.93x).
-  // docs/benchmarks.md, "GEMM: cut by rows or by columns".
-  const bool b_outgrows_l2 = s.k * s.n * static_cast<int64_t>(sizeof(float)) > l2_bytes_per_core();
+  // The MLP's fc1 forward at batch 16 (M x N x K = 16 x 512 x 784, B 1.6 MB) cut by columns: its
+  // step on 2 threads 0.35 ms instead of 0.44, training 1.1-1.2x faster; at batch 256 columns
+  // lost (0.93x). docs/benchmarks.md, "GEMM: cut by rows or by columns".
+  const bool b_outgrows_l2 = s.k * s.n * static_cast<int64_t>(sizeof(float)) > l2_bytes;
   return s.m < 8 * slices || (b_outgrows_l2 && s.m < 32 * slices);
 }
 

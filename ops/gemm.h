@@ -1,6 +1,6 @@
 // Single-precision GEMM that honours the caller's thread grant: C (M,N) = alpha*op(A)*op(B) +
-// beta*C, row-major. The work is cut into at most ctx.threads() slices of M (or of N when M is
-// small), and each slice is one single-threaded oneDNN sgemm call, so oneDNN's OpenMP runtime
+// beta*C, row-major. The work is cut into at most ctx.threads() slices of M or of N
+// (gemm_cuts_columns), and each slice is one single-threaded oneDNN sgemm call, so oneDNN's OpenMP runtime
 // never opens a parallel region of its own: no oversubscription, no idle OpenMP threads spinning
 // on cores that other ops were granted.
 #pragma once
@@ -21,8 +21,9 @@ struct GemmShape {
 // c (M, N) <- alpha * op(a) * op(b) + beta * c
 void gemm(float* c, const float* a, const float* b, GemmShape shape, const ExecContext& ctx);
 // How gemm() cuts C among `slices` threads: by columns where N > M and either there are too few
-// rows for 8 per slice, or B is larger than a core's L2 cache and there are too few rows for 32
-// per slice; else by rows.
+// rows for 8 per slice, or B is larger than `l2_bytes` (by default this machine's L2 cache per
+// core) and there are too few rows for 32 per slice; else by rows.
+bool gemm_cuts_columns(GemmShape shape, int64_t slices, int64_t l2_bytes);
 bool gemm_cuts_columns(GemmShape shape, int64_t slices);
 // The same with naive loops: the reference the tests compare against.
 void gemm_reference(float* c, const float* a, const float* b, GemmShape shape);

@@ -386,21 +386,27 @@ TEST(Gemm, WideTransposedBIsComputedInBlocks) {
 
 // gemm() cuts C by columns where N > M and the rows are too few for 8 per slice, or where B
 // outgrows a core's L2 cache (each row slice would stream all of it) and the rows are too few for
-// 32 per slice; else by rows. A 64 MB B outgrows any L2; a 64 KB one none. Products cut either
-// way equal the reference, B transposed or not (check_forward runs them on 1 and 2 threads).
+// 32 per slice; else by rows. The MLP's fc1 forward at batch 16 (B 784 x 512 floats, 1.53 MiB)
+// against L2 caches of 1 and 2 MiB; a 64 MiB B outgrows any L2. Products cut either way (both
+// big enough to be cut on 2 threads; the columns' last slice not a multiple of 16) equal the
+// reference, B transposed or not (check_forward runs them on 1 and 2 threads).
 TEST(Gemm, ColumnsAreCutWhereRowSlicesWouldEachStreamALargeB) {
   auto shape = [](int64_t m, int64_t n, int64_t k) { return GemmShape{m, n, k}; };
-  EXPECT_TRUE(gemm_cuts_columns(shape(4, 512, 32), 2));         // 2 rows a slice: too few
-  EXPECT_FALSE(gemm_cuts_columns(shape(16, 512, 32), 2));       // B 64 KB: rows
-  EXPECT_TRUE(gemm_cuts_columns(shape(16, 4096, 4096), 2));     // B 64 MB: columns
-  EXPECT_TRUE(gemm_cuts_columns(shape(64, 4096, 4096), 4));
-  EXPECT_FALSE(gemm_cuts_columns(shape(64, 4096, 4096), 2));    // 32 rows a slice: enough
-  EXPECT_FALSE(gemm_cuts_columns(shape(4096, 4096, 4096), 2));  // N <= M: rows
-  EXPECT_FALSE(gemm_cuts_columns(shape(16, 4096, 4096), 1));    // one slice: nothing to cut
+  const int64_t mib = int64_t{1} << 20;
+  EXPECT_TRUE(gemm_cuts_columns(shape(16, 512, 784), 2, mib));       // B outgrows 1 MiB
+  EXPECT_FALSE(gemm_cuts_columns(shape(16, 512, 784), 2, 2 * mib));  // ...and fits in 2 MiB
+  EXPECT_TRUE(gemm_cuts_columns(shape(32, 512, 784), 2, mib));       // 16 rows a slice: too few
+  EXPECT_FALSE(gemm_cuts_columns(shape(64, 512, 784), 2, mib));      // 32 rows a slice: enough
+  EXPECT_TRUE(gemm_cuts_columns(shape(64, 512, 784), 4, mib));
+  EXPECT_TRUE(gemm_cuts_columns(shape(4, 512, 32), 2, mib));         // 2 rows a slice, B small
+  EXPECT_FALSE(gemm_cuts_columns(shape(16, 512, 32), 2, mib));       // B 64 KiB: rows
+  EXPECT_FALSE(gemm_cuts_columns(shape(512, 512, 4096), 2, mib));    // N <= M: rows
+  EXPECT_FALSE(gemm_cuts_columns(shape(16, 512, 784), 1, mib));      // one slice: nothing to cut
+  EXPECT_TRUE(gemm_cuts_columns(shape(16, 4096, 4096), 2));          // 64 MiB, this machine's L2
   for (bool transposed : {false, true}) {
     SCOPED_TRACE(transposed ? "B transposed" : "B as stored");
-    check_forward(matmul_case(false, transposed, 16, 1008, 1100));  // B 4.4 MB
-    check_forward(matmul_case(false, transposed, 16, 96, 40));
+    check_forward(matmul_case(false, transposed, 16, 1100, 1100));  // B 4.6 MiB: columns
+    check_forward(matmul_case(false, transposed, 16, 512, 64));     // B 128 KiB: rows
   }
 }
 
