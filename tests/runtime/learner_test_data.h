@@ -31,6 +31,13 @@ inline Dataset small_dataset(int64_t count, int seed) {
   return set;
 }
 
+// A tensor of its own with t's values.
+inline Tensor copy_of(const Tensor& t) {
+  Tensor copy = Tensor::zeros(t.shape());
+  copy.copy_from(t);
+  return copy;
+}
+
 // Batch 8, the serial policy on one thread: results do not depend on timing.
 inline TrainOptions recipe() {
   TrainOptions train;
