@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "core/op.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "ops/gemm.h"
@@ -20,13 +21,6 @@
 namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// Of an even count, the mean of the middle two.
-double median(std::vector<double> times) {
-  std::sort(times.begin(), times.end());
-  const size_t middle = times.size() / 2;
-  return times.size() % 2 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
-}
 
 // One untimed call first (oneDNN's JIT and the caches warm up there), then the median of
 // `repeats` timed calls.
@@ -39,7 +33,7 @@ double median_seconds(Fn fn, int repeats) {
     fn();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  return median(times);
+  return quiver::bench::median(times);
 }
 
 }  // namespace
@@ -137,7 +131,7 @@ int main(int argc, char** argv) {
         if (r > 0) times[columns].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
     }
-    const double rows = median(times[0]), columns = median(times[1]);
+    const double rows = quiver::bench::median(times[0]), columns = quiver::bench::median(times[1]);
     std::printf("| %s (%d x %d x %d) | %.1f | %.1f | %.2f | %s |\n", c.what, c.m, c.n, c.k, rows * 1e6, columns * 1e6,
                 rows / columns, quiver::gemm_cuts_columns(whole, 2) ? "columns" : "rows");
   }

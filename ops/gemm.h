@@ -1,8 +1,8 @@
 // Single-precision GEMM that honours the caller's thread grant: C (M,N) = alpha*op(A)*op(B) +
 // beta*C, row-major. The work is cut into at most ctx.threads() slices of M or of N
-// (gemm_cuts_columns), and each slice is one single-threaded oneDNN sgemm call, so oneDNN's OpenMP runtime
-// never opens a parallel region of its own: no oversubscription, no idle OpenMP threads spinning
-// on cores that other ops were granted.
+// (gemm_cuts_columns), and each slice is one single-threaded oneDNN sgemm call, so oneDNN's
+// OpenMP runtime never opens a parallel region of its own: no oversubscription, no idle OpenMP
+// threads spinning on cores that other ops were granted.
 #pragma once
 
 #include <cstdint>

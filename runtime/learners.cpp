@@ -591,8 +591,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
 void LearnerGroup::ssgd_update() {
   const Tensor& z = average_->params().flat_params();
   const int64_t n = z.numel();
-  const double scale = options_.scale_lr ? static_cast<double>(learners_.size()) : 1.0;
-  const float lr = static_cast<float>(scale * train_.learning_rate), momentum = static_cast<float>(train_.momentum),
+  // The replicas' learning rate: build() scaled it where LearnerOptions::scale_lr asks.
+  const float lr = static_cast<float>(learners_.front()->trainer->options().learning_rate),
+              momentum = static_cast<float>(train_.momentum),
               decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());
   float* w = z.f32();
   float* v = ssgd_velocity_.f32();
