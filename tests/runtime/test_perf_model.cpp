@@ -417,11 +417,16 @@ TEST(PerfModel, AutoRefreshesAStaleProfileFromTheTimingsOfOpsThatRanAlone) {
     busy.refresh_steps = 1;
     busy.retrial_seconds = 1e-9;
     Executor executor(trainer->train_plan(), busy);
-    // Until three refreshes: only settled steps refresh, and how many steps a trial takes before
-    // it settles depends on how its blocks agree on a noisy host (400 steps once held none).
+    // Until three refreshes or 5000 steps: only settled steps refresh, and how many steps a trial
+    // takes before it settles depends on how its blocks agree on a noisy host (400 steps once held
+    // none). A refresh happens only where timings disagree with the model by more than 25%, so
+    // once the stale keys are replaced a quiet host may give no third one (an Intel host, 1 run
+    // of 8 ended at two): what must hold is that the stale keys were replaced, at both thread
+    // counts, with no step throwing.
     for (int step = 0; step < 5000 && executor.model_refreshes() < 3; ++step)
       ASSERT_NO_THROW(executor.run()) << "step " << step;
-    EXPECT_GE(executor.model_refreshes(), 3);
+    EXPECT_GE(executor.model_refreshes(), 1);
+    EXPECT_GE(executor.refreshed_pairs(), 2);
   }
   std::filesystem::remove(path);
 }
