@@ -14,6 +14,7 @@
 #include "core/nn.h"
 #include "models/models.h"
 #include "runtime/atomic_file.h"
+#include "runtime/placement.h"
 #include "runtime/thread_budget.h"
 
 namespace quiver::bench {
@@ -95,6 +96,24 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Rounds timed between hand-off probes (runtime/placement.h): probes[r] was taken before round r
+// and probes[r + 1] after it; a round is far when either is (the phase may have changed inside it).
+// Nothing is far when the log has nothing to probe.
+inline std::vector<bool> far_rounds(const PlacementLog& log, const std::vector<double>& probes) {
+  std::vector<bool> far(probes.empty() ? 0 : probes.size() - 1, false);
+  if (!log.enabled()) return far;
+  for (size_t r = 0; r < far.size(); ++r) far[r] = log.far(probes[r]) || log.far(probes[r + 1]);
+  return far;
+}
+
+// The values of the rounds that were not far.
+inline std::vector<double> near_only(const std::vector<double>& values, const std::vector<bool>& far) {
+  std::vector<double> kept;
+  for (size_t r = 0; r < values.size(); ++r)
+    if (r >= far.size() || !far[r]) kept.push_back(values[r]);
+  return kept;
 }
 
 // The options the benchmark grids share (models x batches, timed in rounds after a warm-up).

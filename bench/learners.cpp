@@ -9,6 +9,8 @@
 // one learner, one stream), SMA on a sync stream ordered by events.
 // --staleness LIST: the learner configurations (and the tuner) once per clock gate, 0 being
 // synchronous rounds; a timed window ends when every learner has finished its rounds.
+// Around every run it probes how far apart the host has put the first two cores
+// (runtime/placement.h) and counts the runs that ran far apart.
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -23,6 +25,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/learners.h"
+#include "runtime/placement.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
 
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
   std::string rule = "|---|---|---|---|";
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
   for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
-  header += " auto chose | auto's pick / best fixed |", rule += "---|---|";
+  header += " auto chose | auto's pick / best fixed | runs far apart |", rule += "---|---|---|";
   std::string table = header + "\n" + rule + "\n";
   const std::string single = o.device.is_cpu() ? cat("one learner, ", o.threads, " threads, auto policy")
                                                 : cat("one learner, one CUDA stream on ", o.device.str());
@@ -113,7 +116,9 @@ int main(int argc, char** argv) {
               "median of %d rounds of at least %d steps and %.0f ms after %d warm-up steps\n%s",
               single.c_str(), o.runs, o.steps, 1000 * o.window, o.warmup, table.c_str());
   std::fflush(stdout);
+  std::string notes;  // below the table: the runs with the cores close together, alone
   try {
+    PlacementLog placement;
     for (const std::string& model : o.models)
       for (int64_t batch : o.batches) {
         const int most = *std::max_element(o.learners.begin(), o.learners.end());
@@ -191,8 +196,12 @@ int main(int argc, char** argv) {
                   steps_per_second([&](int s) { group.round(data.images_of(s), data.labels_of(s)); },
                                    [&] { group.settle(); }));
             });
-        for (int run = 0; run < o.runs; ++run)
+        std::vector<double> probes;
+        for (int run = 0; run < o.runs; ++run) {
+          probes.push_back(placement.probe());
           for (size_t m = 0; m < measure.size(); ++m) measure[(m + static_cast<size_t>(run)) % measure.size()]();
+        }
+        probes.push_back(placement.probe());
         const double base = bench::median(single_rates);
         Dataset pool_data;
         pool_data.rows = 28, pool_data.cols = 28;
@@ -221,12 +230,26 @@ int main(int argc, char** argv) {
                        static_cast<int>(100 * bench::median(rate[chosen.learners]) / best) / 100.0, " |");
           else
             row += cat(" ", chosen.learners, " (not measured) | - |");
+          const std::vector<bool> far = bench::far_rounds(placement, probes);
+          const int far_count = static_cast<int>(std::count(far.begin(), far.end(), true));
+          row += cat(" ", placement.enabled() ? cat(far_count, " of ", o.runs) : std::string("-"), " |");
           table += row + "\n";
           std::printf("%s\n", row.c_str());
+          if (far_count > 0 && far_count < o.runs) {
+            const double near_base = bench::median(bench::near_only(single_rates, far));
+            std::string note = cat("# ", model, " ", batch, ", staleness ", o.staleness[g], ", the ", o.runs - far_count,
+                                   " runs with the cores close together:");
+            for (int k : o.learners)
+              note += cat(" ", k, " / single ", static_cast<int>(100 * bench::median(bench::near_only(rate[k], far)) / near_base) / 100.0, ";");
+            notes += note + "\n";
+            std::printf("%s\n", note.c_str());
+          }
           std::fflush(stdout);
         }
       }
-    if (!o.output.empty()) write_file_atomically(o.output, table, "results");
+    notes += cat("# ", placement.summary(), "\n");
+    std::printf("# %s\n", placement.summary().c_str());
+    if (!o.output.empty()) write_file_atomically(o.output, table + notes, "results");
   } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
     return 1;

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "models/models.h"
 #include "runtime/atomic_file.h"
+#include "runtime/placement.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trainer.h"
 
@@ -60,9 +61,11 @@ struct Result {
   std::map<std::string, std::vector<double>> step_seconds;  // by config label, one per round
   std::map<std::string, int> chosen;                       // auto's settled schedule
   std::vector<double> schedule_errors, held_out_errors;
+  std::vector<double> placement_ns;  // hand-off probes: before each round and after the last
 };
 
-Result measure(const std::string& model, int64_t batch, const std::vector<Config>& list, const Options& o) {
+Result measure(const std::string& model, int64_t batch, const std::vector<Config>& list, const Options& o,
+               PlacementLog& placement) {
   const bench::BatchPool data(models::by_name(model), batch);
   TrainOptions options;
   options.batch = batch;
@@ -89,13 +92,16 @@ Result measure(const std::string& model, int64_t batch, const std::vector<Config
     for (int i = 0; i < o.warmup || !executors.back()->tuned(); ++i) feed(), executors.back()->run();
   }
   Result result;
-  for (int run = 0; run < o.runs; ++run)
+  for (int run = 0; run < o.runs; ++run) {
+    result.placement_ns.push_back(placement.probe());
     for (size_t i = 0; i < list.size(); ++i) {
       auto start = std::chrono::steady_clock::now();
       for (int s = 0; s < o.steps; ++s) feed(), executors[i]->run();
       result.step_seconds[list[i].label].push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps);
     }
+  }
+  result.placement_ns.push_back(placement.probe());
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i].policy == "auto") {
       ++result.chosen[executors[i]->chosen_schedule()];
@@ -136,17 +142,19 @@ int main(int argc, char** argv) {
   for (const Config& c : list) header += cat(" ", c.label, " ms |"), rule += "---|";
   for (const Config& c : list)
     if (c.policy != "intra") header += cat(" ", c.label, " / intra |"), rule += "---|";
-  header += " auto chose | model error (schedule) | model error (held-out p) |\n";
-  rule += "---|---|---|\n";
+  header += " auto chose | model error (schedule) | model error (held-out p) | rounds far apart |\n";
+  rule += "---|---|---|---|\n";
   std::string table = header + rule;
   std::printf("# step time by executor policy, %d threads (median of %d rounds of %d steps after %d warm-up steps; "
               "ratio = intra's step time / the policy's, > 1 is faster)\n%s",
               o.threads, o.runs, o.steps, o.warmup, table.c_str());
   std::fflush(stdout);
+  std::string notes;  // below the table: the rounds with the cores close together, alone
   try {
+    PlacementLog placement;
     for (const std::string& model : o.models)
       for (int64_t batch : o.batches) {
-        Result result = measure(model, batch, list, o);
+        Result result = measure(model, batch, list, o, placement);
         std::map<std::string, std::vector<double>>& times = result.step_seconds;
         std::vector<double>& schedule = result.schedule_errors;
         std::vector<double>& held_out = result.held_out_errors;
@@ -159,12 +167,27 @@ int main(int argc, char** argv) {
             row += cat(" ", static_cast<int>(100 * intra / bench::median(times[c.label])) / 100.0, " |");
         std::string choices;
         for (const auto& [name, times_chosen] : chosen) choices += cat(choices.empty() ? "" : ", ", name, " x", times_chosen);
-        row += cat(" ", choices, " | ", percent(schedule), " | ", percent(held_out), " |\n");
+        const std::vector<bool> far = bench::far_rounds(placement, result.placement_ns);
+        const int far_count = static_cast<int>(std::count(far.begin(), far.end(), true));
+        row += cat(" ", choices, " | ", percent(schedule), " | ", percent(held_out), " | ",
+                   placement.enabled() ? cat(far_count, " of ", o.runs) : std::string("-"), " |\n");
         table += row;
         std::printf("%s", row.c_str());
+        if (far_count > 0 && far_count < o.runs) {
+          std::string note = cat("# ", model, " ", batch, ", the ", o.runs - far_count, " rounds with the cores close together:");
+          for (const Config& c : list)
+            if (c.policy != "intra")
+              note += cat(" ", c.label, " / intra ",
+                          static_cast<int>(100 * bench::median(bench::near_only(times["intra"], far)) /
+                                           bench::median(bench::near_only(times[c.label], far))) / 100.0, ";");
+          notes += note + "\n";
+          std::printf("%s\n", note.c_str());
+        }
         std::fflush(stdout);
       }
-    if (!o.output.empty()) write_file_atomically(o.output, table, "results");
+    notes += cat("# ", placement.summary(), "\n");
+    std::printf("# %s\n", placement.summary().c_str());
+    if (!o.output.empty()) write_file_atomically(o.output, table + notes, "results");
   } catch (const std::exception& error) {
     std::fprintf(stderr, "quiver-bench-policies: %s\n", error.what());
     return 1;
