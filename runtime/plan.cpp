@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "core/denormals.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "runtime/thread_budget.h"
@@ -275,7 +276,10 @@ void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
   try {
     auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     int64_t trace_start = trace_ ? trace_->now_us() : 0;
-    step.kernel(KernelCall{ctx, node, step.inputs, step.outputs});
+    {
+      const FlushDenormals flushed;  // core/denormals.h: no subnormal assists inside kernels
+      step.kernel(KernelCall{ctx, node, step.inputs, step.outputs});
+    }
     if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (trace_)
       trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start, trace_->now_us() - trace_start,

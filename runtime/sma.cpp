@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/denormals.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "runtime/sma_math.h"
@@ -117,6 +118,7 @@ void SmaSync::cpu_round(float* z, float* previous, std::span<const Tensor> param
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   const int64_t first = blocks * share.index / share.count, last = blocks * (share.index + 1) / share.count;
   ctx.parallel_for(last - first, 8, [&](int64_t first_in_share, int64_t last_in_share) {
+    const FlushDenormals flushed;  // as the kernels (core/denormals.h)
     for (int64_t block = first + first_in_share; block < first + last_in_share; ++block) {
       const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);
       float move[kBlock] = {};
@@ -152,6 +154,7 @@ void SmaSync::cpu_absorb(int learner, float* w, const float* other, int64_t n, c
   float* previous = previous_move_.f32();
   const float alpha = static_cast<float>(alpha_), mu_z = static_cast<float>(mu_z_);
   ctx.parallel_for(blocks, 8, [&](int64_t first_block, int64_t last_block) {
+    const FlushDenormals flushed;
     for (int64_t rotated = first_block; rotated < last_block; ++rotated) {
       const int64_t block = (rotated + first) % blocks;
       const int64_t begin = block * kBlock, end = std::min(n, begin + kBlock);

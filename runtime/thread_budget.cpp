@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "core/denormals.h"
 #include "core/error.h"
 
 #ifdef QUIVER_OWN_THREAD_POOL
@@ -131,12 +132,14 @@ void ThreadBudget::parallel_for(int64_t count, int64_t grain,
   grain = std::max<int64_t>(1, grain);
   if (threads_ == 1 || count <= grain) {
     if (recording_) note_thread();
+    const FlushDenormals flushed;
     body(0, count);
     return;
   }
 #ifdef QUIVER_OWN_THREAD_POOL
   arena_->run(count, grain, [&](int64_t begin, int64_t end) {
     if (recording_) note_thread();
+    const FlushDenormals flushed;  // a worker flushes like the thread that granted it the work
     body(begin, end);
   });
 #else
@@ -144,6 +147,7 @@ void ThreadBudget::parallel_for(int64_t count, int64_t grain,
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         if (recording_) note_thread();
+                        const FlushDenormals flushed;  // a worker flushes like the caller
                         body(range.begin(), range.end());
                       },
                       tbb::simple_partitioner());
