@@ -6,7 +6,7 @@
 // Why it is here: on a virtual machine the host places and moves the vCPUs. The benches' step
 // times on the 2-vCPU hosts this project is measured on come in phases: in some, intra's step is
 // 2-3x its usual time while a one-thread step does not notice (docs/benchmarks.md, "Executor
-// policies" and "Slow phases: where the host puts the two vCPUs"). Where the two vCPUs sit is one
+// policies" and "Where the two vCPUs sit"). Where the two vCPUs sit is one
 // candidate cause that can be measured from inside, so the policies and learners benches probe it
 // around every timed round and say how many rounds ran with the cores far apart: a median that
 // mixes two placements then shows, and a later slow phase can be told apart from a placement.
