@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <set>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -17,8 +18,13 @@
 namespace quiver {
 namespace {
 
+// Per process, as the other tests' files: two copies of the suite at once must not share a file.
+std::filesystem::path temp_trace(const std::string& name) {
+  return std::filesystem::temp_directory_path() / cat("quiver_test_", name, "_", ::getpid(), ".json");
+}
+
 TEST(Trace, TrainingStepsWriteValidChromeTrace) {
-  std::filesystem::path path = std::filesystem::temp_directory_path() / "quiver_test_trace.json";
+  std::filesystem::path path = temp_trace("trace");
   TrainOptions options;
   options.batch = 8;
   options.eval_batch = 8;
@@ -68,8 +74,7 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
   for (int64_t i = 0; i < data.count * 784; ++i) data.images.push_back(static_cast<float>(i % 97) / 97.0f);
   for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>(i % 10));
   for (int staleness : {0, 1}) {
-    const std::filesystem::path path =
-        std::filesystem::temp_directory_path() / cat("quiver_test_learners_trace_", staleness, ".json");
+    const std::filesystem::path path = temp_trace(cat("learners_trace_", staleness));
     TrainOptions train;
     train.batch = 8;
     train.eval_batch = 8;
@@ -131,7 +136,7 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
 // A run that stops on an error (here a NaN loss) still writes its trace, up to the failing step:
 // that is the trace one wants most. The error that stopped it is the one reported.
 TEST(Trace, ARunStoppedByAnErrorStillWritesItsTrace) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / "quiver_test_trace_error.json";
+  const std::filesystem::path path = temp_trace("trace_error");
   std::filesystem::remove(path);
   TrainOptions options;
   options.batch = 4;
