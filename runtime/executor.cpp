@@ -167,12 +167,22 @@ Executor::~Executor() {
 
 int Executor::lanes() const { return static_cast<int>(state_->lanes.size()); }
 
+size_t Executor::trial_stint() const { return static_cast<size_t>(std::max(1, options_.trial_stint)); }
+
+size_t Executor::trial_candidate() const { return trial_run_ / trial_stint() % kCandidates; }
+
+size_t Executor::trial_steps_per_block() const {
+  const size_t stint = trial_stint(), timed = stint == 1 ? 1 : stint - 1;
+  const size_t stints = (static_cast<size_t>(std::max(1, options_.trial_rounds)) + timed - 1) / timed;
+  return kCandidates * stint * stints;
+}
+
 int Executor::tuning_runs_left() const {
   if (options_.policy != Policy::Auto || tuned_) return 0;
   const size_t profiling = profile_schedule_.size() - std::min(profile_run_, profile_schedule_.size());
   if (capacity_ == 1) return static_cast<int>(profiling);
-  const size_t trials = kCandidates * static_cast<size_t>(options_.trial_rounds);
-  const size_t trials_left = std::max(trials - std::min(trial_run_, trials), kCandidates - trial_run_ % kCandidates);
+  const size_t trials = trial_steps_per_block(), cycle = kCandidates * trial_stint();
+  const size_t trials_left = std::max(trials - std::min(trial_run_, trials), cycle - trial_run_ % cycle);
   const size_t blocks_after = verdicts_.empty() ? 1 : 0;  // at least two blocks of trial steps
   return static_cast<int>(profiling + trials_left + blocks_after * trials);
 }
@@ -204,8 +214,22 @@ std::vector<int> Executor::model_grants() const {
   return grants;
 }
 
-void Executor::finish_profiling() {
+void Executor::refit() {
   model_.fit();
+  table_predictions();
+}
+
+void Executor::table_predictions() {
+  predicted_.assign(keys_.size(), std::vector<double>(static_cast<size_t>(capacity_) + 1, 0.0));
+  fastest_.assign(keys_.size(), 1);
+  for (size_t p = 0; p < keys_.size(); ++p) {
+    for (int threads = 1; threads <= capacity_; ++threads) predicted_[p][threads] = model_.predict(keys_[p], threads);
+    fastest_[p] = model_.fastest(keys_[p]);
+  }
+}
+
+void Executor::finish_profiling() {
+  refit();
   const int count = static_cast<int>(keys_.size());
   candidate_grants_ = {model_grants()};
   candidate_widths_ = {capacity_};
@@ -263,7 +287,7 @@ void Executor::refresh_model() {
   if (replacements.empty()) return;
   for (const Replacement& r : replacements) model_.replace_samples(*r.key, r.threads, std::move(*r.times));
   const int replaced = static_cast<int>(replacements.size());
-  model_.fit();
+  refit();
   candidate_grants_[0] = model_grants();  // the model's schedule from the next trial on
   use_grants(std::vector<int>(grants_));  // the schedule in use keeps its grants; bottom levels refreshed
   ++model_refreshes_;
@@ -277,18 +301,18 @@ void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double no
   auto launch = [&](size_t index, int threads) {
     const int position = ready[index];
     ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(index));
-    Running started{position, threads, now + model_.predict(keys_[position], threads)};
+    Running started{position, threads, now + predicted_[position][threads]};
     running.push_back(started);
     launches.push_back(started);
     free_threads -= threads;
   };
   while (free_threads > 0 && !ready.empty()) {
     const int top = ready.front();
-    const std::string& key = keys_[top];
+    const std::vector<double>& predicted = predicted_[top];
     const int want = grants_[top];
     if (free_threads >= want) {
       // Alone in the queue, an op may take the threads that still speed it up.
-      const int threads = ready.size() == 1 ? std::clamp(model_.fastest(key), want, free_threads) : want;
+      const int threads = ready.size() == 1 ? std::clamp(fastest_[top], want, free_threads) : want;
       launch(0, threads);
       continue;
     }
@@ -303,14 +327,14 @@ void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double no
       free_then += r.threads;
       available_at = std::max(now, r.predicted_finish);
     }
-    if (now + model_.predict(key, free_threads) <= available_at + model_.predict(key, want)) {
+    if (now + predicted[free_threads] <= available_at + predicted[want]) {
       launch(0, free_threads);
       continue;
     }
     // Backfill: later ops that finish before the top op could start do not delay it.
     for (size_t i = 1; i < ready.size() && free_threads > 0;) {
       const int threads = std::min(grants_[ready[i]], free_threads);
-      if (now + model_.predict(keys_[ready[i]], threads) <= available_at)
+      if (now + predicted_[ready[i]][threads] <= available_at)
         launch(i, threads);
       else
         ++i;
@@ -459,7 +483,7 @@ void Executor::run() {
     if (profiles_unsaved_) save_profiles();
   }
   const bool trial = options_.policy == Policy::Auto && profiled_ && !tuned_;
-  if (trial) use_schedule(static_cast<int>(trial_run_ % kCandidates));  // candidates interleaved
+  if (trial) use_schedule(static_cast<int>(trial_candidate()));  // candidates in turn, a stint each
   state.free_threads = options_.policy == Policy::Auto && profiled_ ? width_ : capacity_;
   state.start = Clock::now();
   state.first_error = nullptr;
@@ -482,10 +506,12 @@ void Executor::run() {
     lock.unlock();
     finish_profiling();
   } else if (trial) {
-    trial_seconds_[trial_run_ % kCandidates].push_back(std::chrono::duration<double>(Clock::now() - state.start).count());
-    trial_time_ += trial_seconds_[trial_run_ % kCandidates].back();
+    const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
+    if (trial_stint() == 1 || trial_run_ % trial_stint() != 0)  // a stint's first step is not timed
+      trial_seconds_[trial_candidate()].push_back(seconds);
+    trial_time_ += seconds;
     ++trial_run_;
-    if (trial_run_ % kCandidates == 0 && trial_run_ >= kCandidates * static_cast<size_t>(options_.trial_rounds) &&
+    if (trial_run_ % (kCandidates * trial_stint()) == 0 && trial_run_ >= trial_steps_per_block() &&
         trial_time_ >= options_.trial_seconds) {
       // intra is the baseline to beat: another schedule must be faster by a margin larger
       // than the trial's noise, or this block's verdict is intra.

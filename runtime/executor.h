@@ -18,8 +18,9 @@
 //           The model cannot see interference between co-running ops (shared caches, memory
 //           bandwidth), so before settling, auto runs its schedule against three plain ones
 //           under the same scheduler, every op on all P threads (intra), every op on one
-//           thread side by side (narrow) and one op at a time on one thread (serial),
-//           interleaved, in blocks of at least `trial_rounds` steps each and `trial_seconds`;
+//           thread side by side (narrow) and one op at a time on one thread (serial), in
+//           turn, `trial_stint` steps each with the first not timed, in blocks of at least
+//           `trial_rounds` timed steps each and `trial_seconds`;
 //           each block names the fastest (intra unless another is faster by more than 3%),
 //           and auto keeps what two blocks agree on (else intra). It tries again after
 //           `retrial_seconds` of steps.
@@ -54,6 +55,10 @@ struct ExecutorOptions {
   int trial_rounds = 5;          // steps per candidate schedule when choosing among them, at least,
   double trial_seconds = 0.25;   // ...and more rounds until the trial has lasted this long: a choice
                                  // between sub-millisecond steps needs more than 5 samples each
+  // A candidate runs this many steps in a row and the first is not timed: it starts from the
+  // caches and threads the previous candidate left, which the settled schedule, following itself,
+  // never does. 1: candidates alternate step by step, every step timed.
+  int trial_stint = 3;
   // Try the candidates again after this many seconds of steps on the chosen schedule (time in
   // run(), not wall time: an executor left idle does not retry on waking; 0: never). A shared
   // host's speed comes in phases (another tenant takes a core for a while): a choice made in one
@@ -87,14 +92,14 @@ class Executor {
   // True once the schedule is settled: always for serial, intra and fixed; for auto after
   // profiling and the trial of candidate schedules.
   bool tuned() const { return options_.policy != Policy::Auto || tuned_; }
-  // Profiling and trial steps still to run (at least: the trial goes on, a round of every
+  // Profiling and trial steps still to run (at least: the trial goes on, a stint of every
   // candidate at a time, until it has lasted trial_seconds).
   int tuning_runs_left() const;
   // auto: the schedule it settled on ("model", "intra", "narrow" or "serial").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
   // auto: trials of the candidate schedules completed so far (one, then one per retrial period).
-  // A trial is two or three blocks of interleaved steps (each at least trial_rounds steps per
-  // candidate and trial_seconds): it chooses what two blocks agree on, else intra.
+  // A trial is two or three blocks of the candidates' stints (each block at least trial_rounds
+  // timed steps per candidate and trial_seconds): it chooses what two blocks agree on, else intra.
   int trials_done() const { return trials_done_; }
   // The last completed trial's blocks: the schedule each found fastest, in order.
   std::vector<std::string> trial_verdicts() const;
@@ -163,6 +168,13 @@ class Executor {
   int model_refreshes_ = 0, refreshed_pairs_ = 0;
   bool profiles_unsaved_ = false;  // refreshed since the cache was last written
   PerfModel model_;
+  // model_'s predictions by position and thread count (1..capacity_), and each position's fastest
+  // count, tabled after every fit: the scheduler asks for them at every launch, and a lookup by
+  // op key (a string) each time cost a few percent of a sub-millisecond step.
+  std::vector<std::vector<double>> predicted_;
+  std::vector<int> fastest_;
+  void refit();  // model_.fit() and the table from it: the only way the model is fitted here
+  void table_predictions();
   std::vector<int> profile_schedule_;  // thread count of each remaining profiling run (0: warm-up)
   size_t profile_run_ = 0;
   bool profiled_ = false;
@@ -178,6 +190,9 @@ class Executor {
   int width_ = 1;  // threads in use at once under the current schedule
   std::vector<std::vector<double>> trial_seconds_;
   size_t trial_run_ = 0;
+  size_t trial_stint() const;      // steps per candidate in a row (options_.trial_stint, at least 1)
+  size_t trial_candidate() const;  // the candidate of trial step trial_run_
+  size_t trial_steps_per_block() const;  // the fewest steps of one block: trial_rounds timed each
   double trial_time_ = 0.0;  // seconds of trial steps so far
   int chosen_ = 0;
   bool tuned_ = false;

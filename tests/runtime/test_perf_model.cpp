@@ -246,12 +246,36 @@ TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
   EXPECT_LT(plain.trial_step_seconds("serial"), 0.0);
 }
 
+// A candidate runs trial_stint steps in a row and the first of them is not timed (it inherits the
+// caches the previous candidate left): a block takes enough stints for trial_rounds timed steps of
+// each candidate, and the medians it reports are over those timed steps only.
+TEST(PerfModel, AutoTimesEachCandidatesStintAfterItsFirstStep) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  struct Case {
+    int stint, steps_per_candidate, timed_per_candidate;
+  };
+  for (const Case& c : {Case{1, 5, 5}, Case{2, 10, 5}, Case{3, 9, 6}}) {
+    ExecutorOptions options = quick_auto();
+    options.trial_seconds = 0.0;
+    options.trial_stint = c.stint;
+    options.profile_cache = "";
+    Executor executor(trainer->train_plan(), options);
+    // Warm-up, 2 samples at 1 and at 2 threads, then two blocks of the 4 candidates.
+    EXPECT_EQ(executor.tuning_runs_left(), 2 + 2 * 2 + 2 * 4 * c.steps_per_candidate) << "stint " << c.stint;
+    for (int step = 0; step < 1000 && executor.trials_done() == 0; ++step) executor.run();
+    ASSERT_EQ(executor.trials_done(), 1) << "stint " << c.stint;
+    const std::string report = executor.explain();
+    EXPECT_NE(report.find(cat("median step time over ", c.timed_per_candidate, " steps each")), std::string::npos)
+        << "stint " << c.stint << "\n" << report;
+  }
+}
+
 // auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
 // shared host's speed changes in phases); with 0 it never does.
 TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
   std::unique_ptr<Trainer> trainer = small_mlp();
   ExecutorOptions options = quick_auto();
-  options.trial_seconds = 0.0;     // 5 steps of each candidate
+  options.trial_seconds = 0.0;     // 5 timed steps of each candidate (3 stints of 3 steps)
   options.retrial_seconds = 1e-9;  // due again as soon as a trial has chosen
   Executor again(trainer->train_plan(), options);
   for (int step = 0; step < 1000 && again.trials_done() < 3; ++step) {
@@ -301,29 +325,31 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   {
     Executor first(trainer->train_plan(), options);
     EXPECT_FALSE(first.profiled());
-    // Warm-up, 2 samples at 1 and at 2 threads, then two blocks of 5 trial steps of each of 4
-    // candidate schedules (a third block when the two disagree).
-    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 2 * 4 * 5);
+    // Warm-up, 2 samples at 1 and at 2 threads, then two blocks of trial steps (a third block
+    // when the two disagree): each of 4 candidate schedules in stints of 3 steps, the first of a
+    // stint not timed, so 5 timed steps take 3 stints, 9 steps.
+    EXPECT_EQ(first.tuning_runs_left(), 2 + 2 * 2 + 2 * 4 * 9);
     while (!first.profiled()) first.run();
-    // The trials interleave model, intra, narrow and serial; serial runs one op at a time on one
-    // thread, the others may use both.
-    for (int c = 0; c < 4; ++c) {
-      first.run();
-      EXPECT_LE(first.peak_threads(), c == 3 ? 1 : 2) << "candidate " << c;
-      if (c == 3) {
-        EXPECT_EQ(first.peak_running(), 1);
+    // The trials take model, intra, narrow and serial in turn, a stint each; serial runs one op at
+    // a time on one thread, the others may use both.
+    for (int c = 0; c < 4; ++c)
+      for (int step = 0; step < 3; ++step) {
+        first.run();
+        EXPECT_LE(first.peak_threads(), c == 3 ? 1 : 2) << "candidate " << c;
+        if (c == 3) {
+          EXPECT_EQ(first.peak_running(), 1);
+        }
+        if (c == 1) {
+          EXPECT_EQ(first.peak_threads(), 2) << "intra gives every op both threads";
+        }
       }
-      if (c == 1) {
-        EXPECT_EQ(first.peak_threads(), 2) << "intra gives every op both threads";
-      }
-    }
     EXPECT_TRUE(std::filesystem::exists(path));
   }
   {
     Executor second(trainer->train_plan(), options);
     EXPECT_TRUE(second.profiled());
     EXPECT_TRUE(second.loaded_from_cache());
-    EXPECT_EQ(second.tuning_runs_left(), 2 * 4 * 5);  // no profiling, only the trial's blocks
+    EXPECT_EQ(second.tuning_runs_left(), 2 * 4 * 9);  // no profiling, only the trial's blocks
     while (!second.tuned()) second.run();
     second.run();
     const std::string report = second.explain();
