@@ -53,6 +53,9 @@ struct KernelSpec {
   const Node& node;
   const ValueInfo& input(int i) const { return graph.value(node.inputs.at(i)); }
   const ValueInfo& output(int i) const { return graph.value(node.outputs.at(i)); }
+  // What prepare allocated for the kernel's own use (scratch, staged copies), in bytes: a kernel
+  // adds it here so a Plan's footprint, and the memory checks built on it, count it.
+  mutable int64_t scratch_bytes = 0;
 };
 
 struct KernelImpl {

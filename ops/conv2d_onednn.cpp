@@ -4,17 +4,26 @@
 // on the bundled CNN's shapes that still runs 3-4x faster than im2col + GEMM (docs/benchmarks.md).
 // Threads: the batch is cut into at most ctx.threads() slices, each run single-threaded by one
 // granted thread with its own primitive, stream and buffers, so oneDNN's OpenMP runtime never
-// opens a parallel region. Primitives are created on first use for a slice count, never per step.
+// opens a parallel region. Primitives are created on first use for a slice count, never per step
+// (the whole batch as one slice when the kernel is prepared). The reordered copies of the two
+// arguments cut by the batch take one buffer per argument, shared by every slice count: the slices
+// of one count run at once and take consecutive regions of it, and two slice counts never run at
+// once (a node runs one call at a time). Each count owning its copies cost the CNN at batch 2000
+// 1.35 GB instead of 0.92 on two threads, where auto profiles counts 1 and 2; a many-core host
+// profiles a dozen counts.
 // Every primitive (convolutions and reorders) has its own scratchpad (scratchpad_mode::user): in
 // oneDNN's default library mode the scratchpad is shared by the primitives a thread created,
 // and such a primitive must run on that thread; here they are created on the calling thread and
 // run on whichever granted thread takes their slice, two of them at once.
 
+#include <array>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "core/error.h"
 #include "ops/conv2d.h"
 #include "ops/onednn_threads.h"
 #include "ops/kernel_util.h"
@@ -49,14 +58,25 @@ struct Reorder {
 
 // One argument: Quiver's plain-layout view (its data pointer set per call) and the layout the
 // primitive wants, with the reorders between them created once.
+// With `shared_internal` the reordered copy has no buffer of its own: bind_internal() points it
+// into a SharedBuffer before each call.
 class Staged {
  public:
-  Staged(const memory::desc& plain, const memory::desc& wanted, const dnnl::engine& engine)
+  Staged(const memory::desc& plain, const memory::desc& wanted, const dnnl::engine& engine,
+         bool shared_internal = false)
       : user_(plain, engine, DNNL_MEMORY_NONE), reordered_(plain != wanted) {
-    internal_ = reordered_ ? memory(wanted, engine) : user_;
+    internal_ = !reordered_ ? user_ : shared_internal ? memory(wanted, engine, DNNL_MEMORY_NONE) : memory(wanted, engine);
     if (reordered_) into_ = Reorder(user_, internal_, engine), back_ = Reorder(internal_, user_, engine);
   }
   void bind(const float* data) { user_.set_data_handle(const_cast<float*>(data)); }
+  // Rebinding only when the buffer moved: oneDNN zero-pads a padded layout on every bind.
+  void bind_internal(char* data) {
+    if (!reordered_ || data == bound_) return;  // not reordered: internal_ is user_ itself
+    internal_.set_data_handle(data);
+    bound_ = data;
+  }
+  // Bytes of the reordered copy (0 when the primitive takes Quiver's layout as it is).
+  size_t internal_bytes() const { return reordered_ ? internal_.get_desc().get_size() : 0; }
   void to_internal(dnnl::stream& stream) {
     if (reordered_) into_.run(stream, user_, internal_);
   }
@@ -68,6 +88,7 @@ class Staged {
  private:
   memory user_, internal_;
   bool reordered_;
+  char* bound_ = nullptr;  // what internal_ points into, with shared_internal
   Reorder into_, back_;
 };
 
@@ -82,6 +103,38 @@ struct Slice {
   int lhs_arg = 0, rhs_arg = 0, out_arg = 0;
   memory scratchpad;                      // the primitive's own (see the top of this file)
   std::vector<float> partial_weights;     // BackwardWeights: this slice's share of dw
+  // The two arguments cut by the batch (Forward: x, y; BackwardData: dy, dx; BackwardWeights: dy,
+  // x), whose reordered copies live in the kernel's shared buffers at these offsets.
+  std::array<Staged*, 2> sliced{};
+  std::array<size_t, 2> offset{};
+  // Bytes this slice holds for itself: the weights' copy, dw's share, the scratchpads.
+  size_t own_bytes() const {
+    const Staged* weights = sliced[0] == lhs.get() && sliced[1] == out.get() ? rhs.get() : out.get();
+    return weights->internal_bytes() + partial_weights.size() * sizeof(float) + scratchpad.get_desc().get_size();
+  }
+};
+
+// Bytes shared by one batch-cut argument's reordered copies across slice counts. Its contents
+// never outlive a call: each call fills what it reads.
+class SharedBuffer {
+ public:
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    data_.reset(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
+    if (!data_) throw Error(cat("oneDNN convolution: out of memory allocating ", rounded, " bytes"));
+    bytes_ = rounded;
+  }
+  char* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  static constexpr size_t kAlign = 64;
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> data_;
+  size_t bytes_ = 0;
 };
 
 memory::desc plain(const memory::dims& dims, Tag tag) { return memory::desc(dims, memory::data_type::f32, tag); }
@@ -102,30 +155,33 @@ std::unique_ptr<Slice> make_slice(Pass pass, const ConvGeometry& g, int64_t firs
   if (pass == Pass::Forward) {
     slice->primitive = dnnl::convolution_forward(forward_pd);
     slice->scratchpad = memory(forward_pd.scratchpad_desc(), engine);
-    slice->lhs = std::make_unique<Staged>(plain(src, Tag::nchw), forward_pd.src_desc(), engine);
+    slice->lhs = std::make_unique<Staged>(plain(src, Tag::nchw), forward_pd.src_desc(), engine, true);
     slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), forward_pd.weights_desc(), engine);
-    slice->out = std::make_unique<Staged>(plain(dst, Tag::nchw), forward_pd.dst_desc(), engine);
+    slice->out = std::make_unique<Staged>(plain(dst, Tag::nchw), forward_pd.dst_desc(), engine, true);
     slice->lhs_arg = DNNL_ARG_SRC, slice->rhs_arg = DNNL_ARG_WEIGHTS, slice->out_arg = DNNL_ARG_DST;
+    slice->sliced = {slice->lhs.get(), slice->out.get()};
   } else if (pass == Pass::BackwardData) {
     dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                any(dst), strides, padding, padding);
     dnnl::convolution_backward_data::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_data(pd);
     slice->scratchpad = memory(pd.scratchpad_desc(), engine);
-    slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine);
+    slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine, true);
     slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.weights_desc(), engine);
-    slice->out = std::make_unique<Staged>(plain(src, Tag::nchw), pd.diff_src_desc(), engine);
+    slice->out = std::make_unique<Staged>(plain(src, Tag::nchw), pd.diff_src_desc(), engine, true);
     slice->lhs_arg = DNNL_ARG_DIFF_DST, slice->rhs_arg = DNNL_ARG_WEIGHTS, slice->out_arg = DNNL_ARG_DIFF_SRC;
+    slice->sliced = {slice->lhs.get(), slice->out.get()};
   } else {
     dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                   any(dst), strides, padding, padding);
     dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_weights(pd);
     slice->scratchpad = memory(pd.scratchpad_desc(), engine);
-    slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine);
-    slice->rhs = std::make_unique<Staged>(plain(src, Tag::nchw), pd.src_desc(), engine);
+    slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine, true);
+    slice->rhs = std::make_unique<Staged>(plain(src, Tag::nchw), pd.src_desc(), engine, true);
     slice->out = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.diff_weights_desc(), engine);
     slice->lhs_arg = DNNL_ARG_DIFF_DST, slice->rhs_arg = DNNL_ARG_SRC, slice->out_arg = DNNL_ARG_DIFF_WEIGHTS;
+    slice->sliced = {slice->lhs.get(), slice->rhs.get()};
     slice->partial_weights.resize(static_cast<size_t>(g.out_channels * g.patch()));
   }
   return slice;
@@ -159,6 +215,7 @@ class OnednnConv {
             s.out->bind(s.partial_weights.data());
             break;
         }
+        for (size_t k = 0; k < s.sliced.size(); ++k) s.sliced[k]->bind_internal(shared_[k].data() + s.offset[k]);
         s.lhs->to_internal(s.stream);
         s.rhs->to_internal(s.stream);
         s.primitive.execute(s.stream, {{s.lhs_arg, s.lhs->internal()}, {s.rhs_arg, s.rhs->internal()},
@@ -174,22 +231,39 @@ class OnednnConv {
       for (int64_t i = 0; i < weights; ++i) out[i] += slices[index]->partial_weights[i];
   }
 
- private:
+  // The slices for `count` threads, made on first use; their reordered copies of the batch-cut
+  // arguments take consecutive regions of the shared buffers, grown to fit.
   std::vector<std::unique_ptr<Slice>>& slices_for(int64_t count) {
     auto found = slices_.find(count);
     if (found != slices_.end()) return found->second;
     std::vector<std::unique_ptr<Slice>> made;
+    std::array<size_t, 2> used{};
     for (int64_t index = 0; index < count; ++index) {
       int64_t first = g_.batch * index / count, last = g_.batch * (index + 1) / count;
       made.push_back(make_slice(pass_, g_, first, last - first, engine_));
+      Slice& slice = *made.back();
+      for (size_t k = 0; k < used.size(); ++k) {
+        slice.offset[k] = used[k];
+        used[k] += (slice.sliced[k]->internal_bytes() + SharedBuffer::kAlign - 1) / SharedBuffer::kAlign * SharedBuffer::kAlign;
+      }
+      own_bytes_ += slice.own_bytes();
     }
+    for (size_t k = 0; k < used.size(); ++k) shared_[k].reserve(used[k]);
     return slices_.emplace(count, std::move(made)).first->second;
   }
 
+  // Bytes held for the kernel's own use so far: the shared buffers and every slice's own.
+  int64_t scratch_bytes() const {
+    return static_cast<int64_t>(shared_[0].bytes() + shared_[1].bytes() + own_bytes_);
+  }
+
+ private:
   Pass pass_;
   ConvGeometry g_;
   dnnl::engine engine_;
   std::map<int64_t, std::vector<std::unique_ptr<Slice>>> slices_;  // by slice count
+  std::array<SharedBuffer, 2> shared_;  // the reordered copies of Slice::sliced, by position
+  size_t own_bytes_ = 0;
 };
 
 KernelImpl make_kernel(Pass pass) {
@@ -202,6 +276,16 @@ KernelImpl make_kernel(Pass pass) {
     const Shape& w = pass == Pass::BackwardWeights ? spec.output(0).shape : spec.input(1).shape;
     ConvGeometry g = conv_geometry(x, w, spec.node.attrs.get_int("stride", 1), spec.node.attrs.get_int("padding", 0));
     auto conv = std::make_shared<OnednnConv>(pass, g);
+    // The whole batch as one slice now, so the plan's footprint counts the shared copies (other
+    // slice counts need about as much: the same images in the same layouts).
+    try {
+      const OneDnnOnThisThread one_thread;
+      conv->slices_for(1);
+    } catch (const dnnl::error& error) {
+      throw Error(cat(spec.node.op, " '", spec.node.name, "': oneDNN error ", static_cast<int>(error.status), ": ",
+                      error.what()));
+    }
+    spec.scratch_bytes += conv->scratch_bytes();
     return [conv](const KernelCall& call) {
       try {
         conv->run(call);

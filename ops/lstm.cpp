@@ -78,6 +78,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
   auto projected = std::make_shared<std::vector<float>>(g.batch * g.steps * g.gates());  // (B*T, 4H)
   auto gates = std::make_shared<std::vector<float>>(g.batch * g.gates());                 // (B, 4H)
+  spec.scratch_bytes += static_cast<int64_t>(sizeof(float) * (projected->size() + gates->size()));
   return [g, projected, gates](const KernelCall& call) {
     float* h = call.outputs[0].f32();        // (B, T, H)
     float* cache = call.outputs[1].f32();    // (T, B, 5H)
@@ -124,6 +125,8 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   auto dh_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
   auto dc_next = std::make_shared<std::vector<float>>(g.batch * g.hidden);     // (B, H)
   auto wh_transposed = std::make_shared<std::vector<float>>(g.hidden * g.gates());  // (4H, H)
+  spec.scratch_bytes += static_cast<int64_t>(sizeof(float) * (dgates->size() + h_previous->size() + dh_next->size() +
+                                                              dc_next->size() + wh_transposed->size()));
   return [=](const KernelCall& call) {
     float* dx = call.outputs[0].f32();
     float* dwx = call.outputs[1].f32();

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -17,20 +16,7 @@
 namespace quiver {
 
 int64_t learner_bytes(const Trainer& replica, bool snapshot) {
-  const int64_t parameters = replica.params().flat_size() * 4;
-  // parameters, gradients, momentum (or two Adam moments) and the snapshot
-  const int64_t buffers = (replica.options().optimizer == "adam" ? 4 : 3) + (snapshot ? 1 : 0);
-  return buffers * parameters + replica.train_plan().activation_bytes();
-}
-
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return -1;
+  return replica.memory_bytes() + (snapshot ? replica.params().flat_size() * 4 : 0);
 }
 
 LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions options)
@@ -114,14 +100,17 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     learner->trainer = std::make_unique<Trainer>(model_, replica);
     if (trace_) learner->trainer->train_plan().set_trace(trace_.get(), j, rounds_done_ + 1);  // steps = rounds
     if (j < static_cast<int>(devices_.size())) {
-      // The first replica on a device exists already: the others need their share of what is left.
+      // The first replica on a device exists already. On a GPU its memory is taken (free_memory
+      // counts it) and the others need their share of what is left; on the CPU its plans' pages
+      // are not touched until it trains, so MemAvailable still counts them: all of them must fit.
       const Device device = replica.device;
-      const int64_t need = (per_device - 1) * learner_bytes(*learner->trainer, needs_snapshot());
+      const int64_t each = learner_bytes(*learner->trainer, needs_snapshot());
+      const int64_t need = (device.is_cpu() ? per_device : per_device - 1) * each;
       const int64_t have = device.is_cpu() ? available_memory_bytes() : backend_for(device).free_memory(device.index);
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        (need + learner_bytes(*learner->trainer, needs_snapshot())) >> 20, " MiB on ", device.str(), ", only ",
-                        have >> 20, " MiB are available there"));
+                        (per_device * each) >> 20, " MiB on ", device.str(), ", only ", have >> 20,
+                        " MiB are available there"));
     }
     drain();
     const Tensor& z = average_->params().flat_params();

@@ -94,11 +94,9 @@ struct LearnerOptions {
   bool scale_lr = false;
 };
 
-// Bytes one learner needs (parameters, gradients, optimizer state and, with `snapshot`, a
-// pre-step copy of the parameters, plus its activations), estimated from one compiled replica.
+// Bytes one learner needs (Trainer::memory_bytes and, with `snapshot`, a pre-step copy of the
+// parameters), estimated from one compiled replica.
 int64_t learner_bytes(const Trainer& replica, bool snapshot = true);
-// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
-int64_t available_memory_bytes();
 
 class LearnerGroup {
  public:

@@ -86,6 +86,7 @@ void Plan::bind_values(ParamStore& store) {
     switch (info.role) {
       case ValueRole::Input:
         tensors_[info.id] = Tensor::zeros(info.shape, info.dtype, device_);
+        input_bytes_ += tensors_[info.id].bytes();
         break;
       case ValueRole::Parameter:
         tensors_[info.id] = store.param(info.param_index);
@@ -183,6 +184,7 @@ void Plan::choose_kernels(const PlanOptions& options) {
                       " kernel accepts this node;", reasons));
     step.kernel_name = chosen->name;
     step.kernel = chosen->prepare(spec);
+    kernel_bytes_ += spec.scratch_bytes;
     for (ValueId input : node.inputs) step.inputs.push_back(tensors_[input]);
     for (ValueId output : node.outputs) step.outputs.push_back(tensors_[output]);
   }

@@ -90,6 +90,10 @@ class Plan {
   // "op 'node' [kernel]: seconds (share)" for the `top` costliest steps of a profiled plan.
   std::string profile_report(int top) const;
   int64_t activation_bytes() const { return activation_bytes_; }
+  // What the kernels allocated for themselves when prepared (KernelSpec::scratch_bytes).
+  int64_t kernel_bytes() const { return kernel_bytes_; }
+  // The plan's own input tensors (a batch of images, labels, the learning rate).
+  int64_t input_bytes() const { return input_bytes_; }
   int threads() const;
   // Device graphs: whether run() replays a captured graph now, and why not when capture failed.
   bool replaying_graph() const { return device_graph_ != nullptr; }
@@ -105,6 +109,8 @@ class Plan {
   std::vector<Tensor> tensors_;  // by value id
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;
+  int64_t kernel_bytes_ = 0;
+  int64_t input_bytes_ = 0;
   Device device_;
   std::shared_ptr<ExecContext> context_;
   bool profile_ = false;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -107,9 +108,35 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
     trace_ = std::make_unique<Trace>();
     train_plan_->set_trace(trace_.get());
   }
+  // Refused now rather than by the kernel's out-of-memory killer once the plans' pages are touched.
+  if (options_.device.is_cpu()) {
+    const int64_t need = memory_bytes(), have = available_memory_bytes();
+    if (have > 0 && need > have)
+      throw Error(cat("model '", model_.name, "' at batch ", options_.batch, " needs about ", need >> 20,
+                      " MiB of memory, only ", have >> 20, " MiB are available (a smaller batch)"));
+  }
 }
 
 Trainer::~Trainer() = default;
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+int64_t Trainer::memory_bytes() const {
+  // parameters, gradients and the optimizer's state (momentum, or Adam's two moments)
+  const int64_t states = options_.optimizer == "adam" ? 2 : 1;
+  int64_t bytes = (2 + states) * store_->flat_size() * static_cast<int64_t>(sizeof(float));
+  for (const Plan* plan : {train_plan_.get(), eval_plan_.get()})
+    bytes += plan->input_bytes() + plan->activation_bytes() + plan->kernel_bytes();
+  return bytes;
+}
 
 Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs) {
   GraphBuilder builder;

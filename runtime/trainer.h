@@ -114,6 +114,9 @@ struct TrainReport {
   double final_loss = 0.0;
 };
 
+// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
+int64_t available_memory_bytes();
+
 class Trainer {
  public:
   Trainer(ModelSpec model, TrainOptions options);
@@ -137,6 +140,10 @@ class Trainer {
   Plan& train_plan() { return *train_plan_; }
   const Plan& train_plan() const { return *train_plan_; }
   const TrainOptions& options() const { return options_; }
+  // Bytes this trainer holds: parameters, gradients and optimizer state, both plans' inputs and
+  // activations, and what their kernels allocated for themselves. An estimate from what was allocated, touched
+  // or not (a plan's pages are touched when it first runs).
+  int64_t memory_bytes() const;
   // The executor running the training plan; nullptr when the policy is empty (Plan::run).
   const Executor* executor() const { return executor_.get(); }
 

@@ -19,6 +19,7 @@
 #include "ops/pool.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
+#include "runtime/thread_budget.h"
 #include "tests/ops/op_harness.h"
 
 namespace quiver::testing {
@@ -246,6 +247,52 @@ TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
   plan.run();
   EXPECT_EQ(omp_get_max_threads(), 3);
   omp_set_num_threads(before);
+}
+
+// The oneDNN convolutions cut the batch into one slice per granted thread, and the reordered
+// copies of the batch-cut arguments of every slice count share one buffer per argument. Slice
+// counts taken in turn (growing and shrinking it) must each give the im2col kernels' results.
+TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
+  GraphBuilder b;
+  const Shape xs{6, 16, 9, 9}, ws{32, 16, 3, 3}, ys{6, 32, 9, 9};  // 16 and 32 channels: blocked layouts
+  Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", ys);
+  Value y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
+  Attrs input_attrs, weight_attrs;
+  input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
+  weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
+  Value dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
+  Value dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
+  ParamStore store(b.graph());
+  PlanOptions reference_options;
+  reference_options.prefer_kernel = "im2col_gemm";
+  Plan reference(b.graph(), store, {y, dx, dw}, reference_options);
+  Plan onednn(b.graph(), store, {y, dx, dw});
+  for (const PlanStep& step : onednn.steps()) EXPECT_EQ(step.kernel_name, "onednn");
+  EXPECT_GT(onednn.kernel_bytes(), 0) << "the prepared convolutions hold reordered copies: the plan must count them";
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> draw(-1.0f, 1.0f);
+  for (const char* name : {"x", "w", "dy"}) {
+    std::vector<float> values(static_cast<size_t>(onednn.input(name).numel()));
+    for (float& v : values) v = draw(rng);
+    onednn.upload(onednn.input(name), values.data());
+    reference.upload(reference.input(name), values.data());
+  }
+  reference.run();
+  for (int threads : {1, 3, 2, 1, 3, 2}) {
+    SCOPED_TRACE(cat(threads, " slice(s)"));
+    const ThreadBudget budget(threads);
+    const int64_t run = onednn.begin_run();
+    for (int position = 0; position < static_cast<int>(onednn.steps().size()); ++position)
+      onednn.run_step(position, budget, run);
+    for (Value v : {y, dx, dw}) {
+      const Tensor& got = onednn.tensor(v);
+      const Tensor& want = reference.tensor(v);
+      float worst = 0.0f;
+      for (int64_t i = 0; i < got.numel(); ++i)
+        worst = std::max(worst, std::abs(got.f32()[i] - want.f32()[i]) / std::max(1.0f, std::abs(want.f32()[i])));
+      EXPECT_LT(worst, 1e-4f) << b.graph().value(v.id).name;
+    }
+  }
 }
 
 // max_pool2d_grad scatters dy through argmax; the op is public (apply()), so an argmax outside

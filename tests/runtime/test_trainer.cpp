@@ -162,6 +162,45 @@ TEST(Trainer, RejectsBadOptions) {
   EXPECT_THROW(Trainer(models::mlp(), options), Error);
 }
 
+// A trainer's footprint counts what its kernels hold for themselves: the LSTM's kernels keep the
+// input projection, gates and their gradients per step (ops/lstm.cpp), B x T x 4H floats and more.
+TEST(Trainer, ItsFootprintCountsTheKernelsOwnScratch) {
+  TrainOptions options;
+  options.batch = 16;
+  options.eval_batch = 8;
+  const Trainer trainer(models::lstm(), options);
+  const int64_t B = 16, T = 28, H = 128, G = 4 * H, f = sizeof(float);
+  const int64_t forward = (B * T * G + B * G) * f;                           // projected inputs, gates
+  const int64_t backward = (B * T * G + B * T * H + 2 * B * H + H * G) * f;  // dgates, h_prev, dh, dc, wh^T
+  EXPECT_EQ(trainer.train_plan().kernel_bytes(), forward + backward);
+  EXPECT_GE(trainer.memory_bytes(), trainer.train_plan().activation_bytes() + forward + backward +
+                                        3 * trainer.params().flat_size() * f);
+}
+
+// A batch whose plans would not fit in the memory left is refused when the trainer is made, with
+// the sizes, not found out by the out-of-memory killer once training touches the pages. The
+// CNN's footprint grows by about half a megabyte a sample: twice what is available is refused while
+// its input batch (3 KB a sample, the only memory touched before the check) stays small.
+TEST(Trainer, ABatchThatDoesNotFitInMemoryIsRefused) {
+  const int64_t available = available_memory_bytes();
+  if (available <= 0) GTEST_SKIP() << "available memory unknown here (no /proc/meminfo)";
+  TrainOptions options;
+  options.batch = 16;
+  const int64_t at16 = Trainer(models::cnn(), options).memory_bytes();
+  options.batch = 32;
+  const int64_t per_sample = (Trainer(models::cnn(), options).memory_bytes() - at16) / 16;
+  ASSERT_GT(per_sample, 100000);
+  options.batch = 2 * available / per_sample + 16;
+  try {
+    Trainer too_big(models::cnn(), options);
+    FAIL() << "a batch of " << options.batch << " needs about " << too_big.memory_bytes() << " bytes, "
+           << available << " are available";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MiB of memory, only"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find(cat("batch ", options.batch)), std::string::npos) << error.what();
+  }
+}
+
 // A small labelled set of random images, for fit() without the real data.
 Dataset synthetic(int64_t count, uint32_t seed) {
   Dataset data;
