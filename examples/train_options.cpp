@@ -1,9 +1,13 @@
 #include "examples/train_options.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -30,6 +34,8 @@ void check_readable(const std::string& path, const std::string& flag) {
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
   int64_t value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range && end == text.data() + text.size())
+    throw Error(cat(flag, ": ", text, " is out of range [", min, ", ", max, "]"));
   if (error != std::errc() || end != text.data() + text.size())
     throw Error(cat(flag, ": expected an integer, got '", text, "'"));
   if (value < min || value > max)
@@ -41,13 +47,38 @@ double parse_number(const std::string& flag, const std::string& text) {
   size_t used = 0;
   double value = 0.0;
   try {
-    value = std::stod(text, &used);
+    // stod skips leading blanks; the integer flags do not, and neither do these
+    if (!text.empty() && !std::isspace(static_cast<unsigned char>(text[0]))) value = std::stod(text, &used);
+  } catch (const std::out_of_range&) {
+    throw Error(cat(flag, ": ", text, " is out of range (beyond what a double holds, or too close to 0)"));
   } catch (const std::exception&) {
     used = 0;
   }
   if (used != text.size() || text.empty())
     throw Error(cat(flag, ": expected a number, got '", text, "'"));
   return value;
+}
+
+// The flags that take a value; the others (--help, --quiet, --explain) stand alone.
+bool takes_value(const std::string& flag) {
+  static const char* const kFlags[] = {
+      "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
+      "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
+      "--learners", "--threads-per-learner", "--alpha", "--sync", "--staleness", "--lr-scaling", "--checkpoint",
+      "--resume", "--profile-cache", "--trace", "--data"};
+  for (const char* known : kFlags)
+    if (flag == known) return true;
+  return false;
+}
+
+// Whether two file names name the same file, existing or not.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  // absolute() first: weakly_canonical leaves a relative name with no existing part as it is
+  const auto canonical_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a, error), error);
+  if (error) return a == b;
+  const auto canonical_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b, error), error);
+  return error ? a == b : canonical_a == canonical_b;
 }
 
 double parse_positive(const std::string& flag, const std::string& text) {
@@ -85,13 +116,15 @@ std::string train_usage() {
          "  --policy P             executor: auto | serial | intra | fixed (default auto: a\n"
          "                         performance model grants each op its threads and runs\n"
          "                         independent ops side by side)\n"
-         "  --inter I --intra J    with --policy fixed: I ops side by side, J threads each\n"
+         "  --inter I --intra J    with --policy fixed (both needed): I ops side by side, J\n"
+         "                         threads each\n"
          "  --profile-cache FILE   auto: op profiles cached here (default $QUIVER_PROFILE_CACHE,\n"
          "                         else quiver/profiles-<cpu model>.json in $XDG_CACHE_HOME\n"
          "                         or ~/.cache);\n"
          "                         'none' for no cache\n"
          "  --explain              after training, print each op's grant, predicted and\n"
-         "                         measured time and bottom level (not with --learners)\n"
+         "                         measured time and bottom level (--policy auto; not with\n"
+         "                         --learners)\n"
          "  --trace FILE           write a Chrome trace of every op execution (Perfetto; with\n"
          "                         --learners a row per learner, the feeder and the SMA pass)\n"
          "  --learners N|auto      train N replicas at once, kept consistent by synchronous\n"
@@ -110,7 +143,8 @@ std::string train_usage() {
          "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
-         "  --help, -h             this text\n";
+         "  --help, -h             this text\n"
+         "A value follows its flag (--epochs 3) or an '=' (--epochs=3).\n";
 }
 
 int learner_threads(const TrainCommand& command) {
@@ -123,25 +157,33 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   command.train.threads = available_cores();
   command.train.profile_cache = default_profile_cache();
   std::string inter_or_intra;
-  bool cuda_graphs_given = false, momentum_given = false, sync_given = false;
+  bool cuda_graphs_given = false, momentum_given = false, sync_given = false, threads_given = false;
+  bool inter_given = false, intra_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "--help" || flag == "-h") {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
       command.help = true;
       continue;
     }
-    if (flag == "--quiet") {
+    if (arg == "--quiet") {
       command.quiet = true;
       continue;
     }
-    if (flag == "--explain") {
+    if (arg == "--explain") {
       command.explain = true;
       continue;
     }
-    if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
-    if (i + 1 >= args.size()) throw Error(cat(flag, ": missing value"));
-    const std::string& value = args[++i];
-    if (value.rfind("--", 0) == 0)  // `--data --quiet`: the value was forgotten
+    if (arg.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", arg, "' (see --help)"));
+    // --flag value, or --flag=value
+    const size_t equals = arg.find('=');
+    const std::string flag = arg.substr(0, equals);
+    if (!takes_value(flag)) {
+      const bool alone = flag == "--help" || flag == "--quiet" || flag == "--explain";
+      throw Error(alone ? cat(flag, ": takes no value") : cat("unknown option '", flag, "' (see --help)"));
+    }
+    if (equals == std::string::npos && i + 1 >= args.size()) throw Error(cat(flag, ": missing value"));
+    const std::string value = equals == std::string::npos ? args[++i] : arg.substr(equals + 1);
+    if (equals == std::string::npos && value.rfind("--", 0) == 0)  // `--data --quiet`: the value was forgotten
       throw Error(cat(flag, ": missing value (got the option '", value, "'; write ./", value,
                       " for a path that starts with --)"));
     if (flag == "--model") {
@@ -159,6 +201,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.batch = parse_int(flag, value, 1, 60000);
     } else if (flag == "--threads") {
       command.train.threads = static_cast<int>(parse_int(flag, value, 1, 4096));
+      threads_given = true;
     } else if (flag == "--optimizer") {
       if (value != "sgd" && value != "adam")
         throw Error(cat("--optimizer: expected sgd or adam, got '", value, "'"));
@@ -192,9 +235,11 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--inter") {
       command.train.inter = static_cast<int>(parse_int(flag, value, 1, 4096));
       inter_or_intra = flag;
+      inter_given = true;
     } else if (flag == "--intra") {
       command.train.intra = static_cast<int>(parse_int(flag, value, 1, 4096));
       inter_or_intra = flag;
+      intra_given = true;
     } else if (flag == "--learners") {
       if (value == "auto") {
         command.learners_auto = true;
@@ -263,6 +308,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (multi && command.explain) throw Error("--explain: single-model training only (not with --learners)");
   if (command.explain && !command.train.device.is_cpu())
     throw Error("--explain: reports the CPU executor's grants; on --device cuda no executor runs");
+  if (command.explain && command.train.policy != "auto")
+    throw Error(cat("--explain: reports the auto policy's grants and predictions; --policy ", command.train.policy,
+                    " has none (--trace FILE records every op's time)"));
   if (command.threads_per_learner > 0 && !command.train.device.is_cpu())
     throw Error("--threads-per-learner: CPU learners only (on --device cuda every learner is a CUDA stream)");
   if (command.learners_auto && command.threads_per_learner > 0)
@@ -274,6 +322,16 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error(cat("--learners ", command.learners, " x --threads-per-learner ", command.threads_per_learner,
                     " = ", command.learners * command.threads_per_learner, " threads, more than --threads ",
                     command.train.threads));
+  // Learners of the default size take a thread each at least: with --threads given, they too
+  // must fit in it (more learners than cores, by default, are warned about below).
+  if (multi && !command.learners_auto && threads_given && command.threads_per_learner == 0 &&
+      command.train.device.is_cpu() && command.learners > command.train.threads)
+    throw Error(cat("--learners ", command.learners, ": a thread each at least, more than --threads ",
+                    command.train.threads));
+  if (multi && command.alpha == 0.0 && (command.learners > 1 || command.learners_auto))
+    command.warnings.push_back(
+        "--alpha 0: the learners never pull toward the average model, and it never moves from its "
+        "initial value (what is evaluated and checkpointed)");
   if (command.train.device.is_cpu()) {
     const int running = multi && !command.learners_auto ? command.learners * learner_threads(command)
                                                         : command.train.threads;
@@ -292,12 +350,26 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.train.policy == "fixed" && command.train.device.is_cpu()) {
     if (command.learners_auto)
       throw Error("--policy fixed: not with --learners auto (the tuner splits the cores among learners)");
+    if (!inter_given || !intra_given)
+      throw Error("--policy fixed: needs --inter I (ops side by side) and --intra J (threads each)");
     const int granted = multi ? learner_threads(command) : command.train.threads;
     if (command.train.inter * command.train.intra > granted)
       throw Error(cat("--inter ", command.train.inter, " x --intra ", command.train.intra, " = ",
                       command.train.inter * command.train.intra, " threads, more than the ", granted, " granted (",
                       multi ? "each learner's share of --threads" : "--threads", ")"));
   }
+  // Two outputs, or an output and the checkpoint being resumed, on one file would overwrite each
+  // other (or the checkpoint) without a word. --checkpoint may be --resume: training goes on there.
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"--trace", command.train.trace_path}, {"--checkpoint", command.checkpoint},
+      {"--profile-cache", command.train.profile_cache}, {"--resume", command.resume}};
+  for (size_t a = 0; a < files.size(); ++a)
+    for (size_t b = a + 1; b < files.size(); ++b) {
+      const bool allowed = files[a].first == "--checkpoint" && files[b].first == "--resume";
+      if (!allowed && !files[a].second.empty() && !files[b].second.empty() && same_file(files[a].second, files[b].second))
+        throw Error(cat(files[a].first, " and ", files[b].first, ": both name '", files[a].second,
+                        "'; one would overwrite the other"));
+    }
   return command;
 }
 

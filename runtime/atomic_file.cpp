@@ -70,9 +70,19 @@ void check_writable(const std::string& path, const std::string& what) {
   const std::string directory = parent.empty() ? "." : parent.string();
   if (!std::filesystem::is_directory(directory, error))
     throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "' does not exist"));
-  // The temporary file is created in `directory` and renamed there: both need write and search.
-  if (::access(directory.c_str(), W_OK | X_OK) != 0)
-    throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "': ", std::strerror(errno)));
+  // rename() would put a regular file in place of a device, a pipe or a socket (as root, even
+  // /dev/null): only a regular file is replaced.
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error))
+    throw Error(cat(what, ": '", path, "' is not a regular file"));
+  // The temporary file is created in `directory` and renamed there: create one now and remove it.
+  // (access() is not enough: root may "write" /proc and /sys, which refuse new files.)
+  const std::string probe = cat(directory, "/.quiver-probe.", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(cat(what, ": cannot write '", path, "': cannot create files in '", directory, "': ",
+                    std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace quiver

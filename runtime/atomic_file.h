@@ -12,7 +12,8 @@ namespace quiver {
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
 // Refuses, before any work is done, a destination write_file_atomically could not write: an empty
-// name, a directory, a parent directory that is missing or not writable. A typo in an output path
+// name, a directory or another file that is not a regular one (a device, a pipe), a parent
+// directory that is missing or where no file can be created. A typo in an output path
 // then costs nothing instead of a whole training run. Throws quiver::Error naming `what`.
 void check_writable(const std::string& path, const std::string& what);
 

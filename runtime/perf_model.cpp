@@ -257,7 +257,37 @@ bool PerfModel::load(const std::string& path) {
   return true;
 }
 
+namespace {
+
+// Whether `path` may hold a profile cache, however stale or corrupt: a JSON object whose format is
+// ours, or text that starts as a JSON object and does not parse (a cache cut short). save()
+// replaces only such a file (or none): not another JSON document, nor a file that is no JSON.
+bool holds_profile_cache(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache)
+    return false;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string contents = text.str();
+  const nlohmann::json cache = nlohmann::json::parse(contents, nullptr, false);  // no exceptions
+  if (cache.is_discarded()) {
+    const size_t first = contents.find_first_not_of(" \t\r\n");
+    return first != std::string::npos && contents[first] == '{';
+  }
+  return cache.is_object() && cache.contains("format") && cache["format"].is_string() &&
+         cache["format"].get<std::string>() == kCacheFormat;
+}
+
+}  // namespace
+
 void PerfModel::save(const std::string& path) const {
+  // A file given by mistake (a checkpoint, notes) was ignored by load() with a warning; it is not
+  // replaced either.
+  std::error_code exists_error;
+  if (std::filesystem::exists(path, exists_error) && !holds_profile_cache(path))
+    throw Error(cat("'", path, "' is not a profile cache, so it is left as it is (remove it, or choose another ",
+                    "file for the cache)"));
   nlohmann::json ops = nlohmann::json::object();
   for (const auto& [key, entry] : entries_) {
     std::vector<int> threads;

@@ -36,12 +36,17 @@ TEST(TrainOptions, ParsesEveryFlag) {
 
   // The executor's and the learners' flags, each landing in its own field.
   c = parse_train_command({"--policy", "fixed", "--inter", "2", "--intra", "3", "--threads", "6", "--momentum", "0.5",
-                           "--explain", "--profile-cache", "none", "--trace", "quiver-test-trace.json"});
+                           "--profile-cache", "none", "--trace", "quiver-test-trace.json"});
   EXPECT_EQ(c.train.policy, "fixed");
   EXPECT_EQ(c.train.inter, 2);
   EXPECT_EQ(c.train.intra, 3);
   EXPECT_DOUBLE_EQ(c.train.momentum, 0.5);
-  EXPECT_TRUE(c.explain);
+  EXPECT_FALSE(c.explain);
+  EXPECT_TRUE(parse_train_command({"--explain"}).explain);
+  const TrainCommand with_equals = parse_train_command({"--epochs=3", "--lr=0.05", "--model=lstm"});  // --flag=value
+  EXPECT_EQ(with_equals.train.epochs, 3);
+  EXPECT_DOUBLE_EQ(with_equals.train.learning_rate, 0.05);
+  EXPECT_EQ(with_equals.model, "lstm");
   EXPECT_EQ(c.train.profile_cache, "");
   EXPECT_EQ(c.train.trace_path, "quiver-test-trace.json");
   EXPECT_EQ(parse_train_command({"--profile-cache", "p.json"}).train.profile_cache, "p.json");
@@ -77,6 +82,15 @@ TEST(TrainOptions, WarnsAboutMoreThreadsThanCores) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("(" + over + " learners x 1)"), std::string::npos) << warnings[0];
   EXPECT_TRUE(parse_train_command({"--device", "cuda", "--learners", over}).warnings.empty());  // streams, not threads
+}
+
+// --alpha 0 is valid (independent learners) but leaves the average model where it started.
+TEST(TrainOptions, WarnsThatAlphaZeroLeavesTheAverageModelStill) {
+  std::vector<std::string> warnings = parse_train_command({"--learners", "2", "--alpha", "0"}).warnings;
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("--alpha 0"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(parse_train_command({"--learners", "1", "--alpha", "0"}).warnings.empty());  // plain SGD: z is w
+  EXPECT_TRUE(parse_train_command({"--learners", "2", "--alpha", "0.5"}).warnings.empty());
 }
 
 TEST(TrainOptions, DeviceAndGpus) {
@@ -162,7 +176,26 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--alpha", "-0.1"}, "--alpha"},
                       BadFlag{{"--learners", "2", "--alpha", "nan"}, "--alpha"},
                       BadFlag{{"--learners", "2", "--gpus", "2"}, "--gpus"},
-                      BadFlag{{"--learners", "257"}, "--learners"}),
+                      BadFlag{{"--learners", "257"}, "--learners"},
+                      // an unknown flag is named as such wherever it stands, with or without a value
+                      BadFlag{{"--bogus"}, "unknown option '--bogus'"},
+                      BadFlag{{"--bogus=1"}, "unknown option '--bogus'"},
+                      BadFlag{{"--epochs", "2", "--bogus"}, "unknown option '--bogus'"},
+                      BadFlag{{"--quiet=yes"}, "--quiet: takes no value"},
+                      BadFlag{{"--epochs="}, "--epochs: expected an integer, got ''"},
+                      // numbers beyond the type are out of range, not "not a number"
+                      BadFlag{{"--lr", "1e400"}, "--lr: 1e400 is out of range"},
+                      BadFlag{{"--lr", "1e-320"}, "--lr: 1e-320 is out of range"},
+                      BadFlag{{"--seed", "99999999999999999999"}, "--seed: 99999999999999999999 is out of range"},
+                      BadFlag{{"--lr", " 0.1"}, "--lr: expected a number"},
+                      BadFlag{{"--policy", "serial", "--explain"}, "--explain"},
+                      BadFlag{{"--policy", "fixed"}, "--policy fixed: needs --inter"},
+                      BadFlag{{"--policy", "fixed", "--inter", "1"}, "--policy fixed: needs --inter"},
+                      BadFlag{{"--threads", "1", "--learners", "2"}, "--learners 2: a thread each at least, more than --threads 1"},
+                      BadFlag{{"--learners", "2", "--trace", "same.out", "--checkpoint", "same.out"},
+                              "--trace and --checkpoint: both name 'same.out'"},
+                      BadFlag{{"--trace", "same.json", "--profile-cache", "./same.json"},
+                              "--trace and --profile-cache: both name 'same.json'"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
       std::string name = std::to_string(info.index);
       for (const std::string& arg : info.param.args)

@@ -3,6 +3,7 @@
 // shutdown. Not a performance test.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -524,6 +525,17 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   };
   EXPECT_EQ(message(""), "--output: empty file name");
   EXPECT_EQ(message(dir.string()), cat("--output: '", dir.string(), "' is a directory"));
+  // rename() would replace a device or a pipe with a regular file.
+  const std::string pipe = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
+  EXPECT_EQ(message(pipe), cat("--output: '", pipe, "' is not a regular file"));
+  EXPECT_EQ(message("/dev/null"), "--output: '/dev/null' is not a regular file");
+  std::filesystem::remove(pipe);
+  // A directory where no file can be created (root may write /proc by its permission bits).
+  if (std::filesystem::is_directory("/proc")) {
+    const std::string refused = message("/proc/quiver-results.md");
+    EXPECT_NE(refused.find("cannot create files in '/proc'"), std::string::npos) << refused;
+  }
   const std::string missing = (dir / "no" / "x.md").string();
   EXPECT_EQ(message(missing),
             cat("--output: cannot write '", missing, "': directory '", (dir / "no").string(), "' does not exist"));

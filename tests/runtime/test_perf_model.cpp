@@ -190,6 +190,21 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   bad = original;
   bad["quiver"] = "0.1";  // timings of older kernels
   expect_ignored(bad.dump(), "stale");
+  // Saving replaces a cache, stale or corrupt, but not a file that is no cache at all: the
+  // path may be a checkpoint or notes given by mistake.
+  model.save(path);
+  ASSERT_TRUE(PerfModel(2).load(path));
+  for (const std::string& other : {std::string("not json at all"), std::string("{\"notes\": [1, 2]}")}) {
+    std::ofstream(path, std::ios::trunc) << other;
+    try {
+      model.save(path);
+      ADD_FAILURE() << "replaced a file that is no profile cache: " << other;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("is not a profile cache"), std::string::npos) << error.what();
+    }
+    std::ifstream in(path);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), other);
+  }
   // An endless file (reading it would never stop) and a directory: refused before reading.
   for (const std::string& odd : {std::string("/dev/zero"), std::filesystem::temp_directory_path().string()}) {
     CapturedWarnings warnings;
