@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -72,7 +73,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
     throw Error(cat("checkpoint '", path, "': truncated (", text.size(), " bytes)"));
   std::memcpy(&header_bytes, text.data() + magic, sizeof(header_bytes));
   if (header_bytes > text.size() - magic - sizeof(header_bytes))
-    throw Error(cat("checkpoint '", path, "': truncated (", text.size(), " bytes, a header of ", header_bytes, ")"));
+    throw Error(cat("checkpoint '", path, "': corrupted or truncated (its header length reads ", header_bytes,
+                    " bytes; the file holds ", text.size(), ")"));
   // The checksum covers the header too: check it first, so a damaged header is reported as damage.
   uint32_t stored = 0;
   std::memcpy(&stored, text.data() + text.size() - sizeof(stored), sizeof(stored));
@@ -94,6 +96,11 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   } catch (const std::exception& error) {  // a malformed header, or a field of the wrong type
     throw Error(cat("checkpoint '", path, "': unreadable header: ", error.what()));
   }
+  // A checksum vouches for the bytes, not for the values a writer put there.
+  constexpr int64_t kMostRounds = int64_t{1} << 48;
+  if (info.rounds < 0 || info.rounds > kMostRounds || info.epochs_done < 0 || info.epochs_done > info.rounds)
+    throw Error(cat("checkpoint '", path, "': implausible header: ", info.rounds, " rounds and ", info.epochs_done,
+                    " epochs done (0 <= epochs <= rounds <= 2^48)"));
   if (holds != model) throw Error(cat("checkpoint '", path, "': holds model '", holds, "', not '", model, "'"));
   if (flat_size != layout.flat_size() || !same_layout)
     throw Error(cat("checkpoint '", path, "': its parameters (names, shapes, layout) differ from model '", model, "'"));
@@ -101,13 +108,14 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   const size_t expected = data_at + static_cast<size_t>(flat.bytes()) + sizeof(uint32_t);
   if (text.size() != expected)
     throw Error(cat("checkpoint '", path, "': truncated or the wrong size (", text.size(), " bytes, expected ", expected, ")"));
-  if (flat.device().is_cpu()) {
-    std::memcpy(flat.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
-  } else {
-    Tensor host = Tensor::empty(flat.shape(), DType::F32);
-    std::memcpy(host.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
-    flat.copy_from(host);
-  }
+  // Checked before anything is written: a refused checkpoint leaves the model as it was.
+  Tensor host = Tensor::empty(flat.shape(), DType::F32);
+  std::memcpy(host.f32(), text.data() + data_at, static_cast<size_t>(flat.bytes()));
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if (!std::isfinite(host.f32()[i]))
+      throw Error(cat("checkpoint '", path, "': parameter value ", i, " is ", host.f32()[i],
+                      " (a model that had diverged when it was saved)"));
+  flat.copy_from(host);
   return info;
 }
 

@@ -21,8 +21,13 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem)
   const std::filesystem::path gz = dir / (stem + ".gz");
   const std::filesystem::path plain = dir / stem;
   std::error_code ignored;
-  if (std::filesystem::exists(gz, ignored)) return gz.string();
-  if (std::filesystem::exists(plain, ignored)) return plain.string();
+  for (const std::filesystem::path& path : {gz, plain}) {
+    if (!std::filesystem::exists(path, ignored)) continue;
+    // A pipe would block the reader for ever, a directory cannot be read: named now.
+    if (!std::filesystem::is_regular_file(path, ignored))
+      throw Error(cat("fashion-mnist: '", path.string(), "' is not a regular file"));
+    return path.string();
+  }
   throw Error(cat("fashion-mnist: neither '", gz.string(), "' nor '", plain.string(),
                   "' exists; ", kHowToGetIt));
 }
@@ -46,7 +51,9 @@ std::string default_fashion_mnist_dir() {
 Dataset load_fashion_mnist(const std::string& dir, Split split) {
   std::error_code ignored;
   if (!std::filesystem::is_directory(dir, ignored)) {
-    throw Error(cat("fashion-mnist: data directory '", dir, "' does not exist; ", kHowToGetIt));
+    const bool exists = std::filesystem::exists(dir, ignored);
+    throw Error(cat("fashion-mnist: data directory '", dir, exists ? "' is not a directory; " : "' does not exist; ",
+                    kHowToGetIt));
   }
   const std::string prefix = split == Split::Train ? "train" : "t10k";
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
@@ -66,6 +73,10 @@ Dataset load_fashion_mnist(const std::string& dir, Split split) {
     throw Error(cat("fashion-mnist: count mismatch: '", images_path, "' holds ", images.dims[0],
                     " images but '", labels_path, "' holds ", labels.dims[0], " labels"));
   }
+  // An empty set trains nothing and its accuracy would read 0%: refused, naming the file.
+  if (images.dims[0] == 0 || images.dims[1] == 0 || images.dims[2] == 0)
+    throw Error(cat("fashion-mnist: '", images_path, "' holds no samples (", images.dims[0], " images of ",
+                    images.dims[1], "x", images.dims[2], ")"));
 
   Dataset result;
   result.count = images.dims[0];

@@ -391,9 +391,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // Training time, evaluations of z taken out: samples/s and the tuner's windows do not count them.
   FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_);
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
-  if (train.rows * train.cols != features_)
-    throw Error(cat("model '", model_.name, "' takes samples of ", features_, " values, the data has ", train.rows,
-                    "x", train.cols));
+  check_samples_fit(model_, train, "training set");
+  if (test) check_samples_fit(model_, *test, "test set");
   BatcherOptions batcher_options;
   batcher_options.batch_size = batch_;
   batcher_options.seed = train_.seed;

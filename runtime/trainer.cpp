@@ -189,11 +189,23 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
   return loss;
 }
 
+void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which) {
+  const Shape& shape = model.sample_shape;
+  // A model of images (the CNN's 1x28x28, the LSTM's 28 steps of 28) takes rows x cols as they
+  // are; 14x56 has the values of 28x28 but not its geometry. Others take the values in a row.
+  const bool image = shape.rank() >= 2;
+  const bool fits = image ? data.rows == shape[shape.rank() - 2] && data.cols == shape[shape.rank() - 1]
+                          : data.rows * data.cols == shape.numel();
+  if (!fits)
+    throw Error(cat("model '", model.name, "' takes samples of ", shape.str(), ", the ", which, " has samples of ",
+                    data.rows, "x", data.cols));
+}
+
 TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
-  const int64_t features = model_.sample_shape.numel();
-  if (train.rows * train.cols != features)
-    throw Error(cat("model '", model_.name, "' takes samples of ", features, " values, the data has ",
-                    train.rows, "x", train.cols));
+  // Both sets, before the first step: a test set that does not fit would otherwise be found
+  // after the first epoch of training.
+  check_samples_fit(model_, train, "training set");
+  if (test) check_samples_fit(model_, *test, "test set");
   BatcherOptions batcher_options;
   batcher_options.batch_size = options_.batch;
   batcher_options.seed = options_.seed;

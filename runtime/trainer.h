@@ -114,6 +114,10 @@ struct TrainReport {
   double final_loss = 0.0;
 };
 
+// Throws unless `data`'s samples fit `model` (`which` names the set in the message): rows x cols as
+// the model's last two sample dimensions for models of images, as many values for the others.
+void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which);
+
 // MemAvailable from /proc/meminfo in bytes; -1 when unknown.
 int64_t available_memory_bytes();
 

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -153,18 +154,38 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, bytes.data() + magic, sizeof(header_bytes));
   std::string header = bytes.substr(magic + sizeof(header_bytes), header_bytes);
-  const size_t model_at = header.find("\"model\":\"mlp\"");
-  ASSERT_NE(model_at, std::string::npos) << header.substr(0, 200);
-  header.replace(model_at, 13, "\"model\":1");
-  std::string odd = bytes.substr(0, magic);
-  header_bytes = header.size();
-  odd.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
-  odd += header;
-  odd += bytes.substr(magic + sizeof(uint64_t) + header.size() + 4, std::string::npos);  // the data, old checksum
-  odd.resize(odd.size() - sizeof(uint32_t));
-  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(odd.data()), static_cast<uInt>(odd.size())));
-  odd.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
-  expect_rejected(odd, "unreadable header");
+  const std::string data = bytes.substr(magic + sizeof(uint64_t) + header_bytes,
+                                        bytes.size() - magic - sizeof(uint64_t) - header_bytes - sizeof(uint32_t));
+  // A file as the writer would have made it from this header and data, valid checksum included.
+  auto crafted = [&](const std::string& head, const std::string& values) {
+    std::string file = bytes.substr(0, magic);
+    const uint64_t length = head.size();
+    file.append(reinterpret_cast<const char*>(&length), sizeof(length));
+    file += head + values;
+    const uint32_t crc =
+        static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(file.data()), static_cast<uInt>(file.size())));
+    file.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+    return file;
+  };
+  ASSERT_EQ(crafted(header, data), bytes);
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string head = header;
+    const size_t at = head.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in " << head.substr(0, 200);
+    return at == std::string::npos ? head : head.replace(at, from.size(), to);
+  };
+  expect_rejected(crafted(edited("\"model\":\"mlp\"", "\"model\":1"), data), "unreadable header");
+  expect_rejected(crafted(edited("\"rounds\":0", "\"rounds\":-7"), data), "implausible header: -7 rounds");
+  expect_rejected(crafted(edited("\"epochs_done\":0", "\"epochs_done\":3"), data), "3 epochs done");
+  // The bytes are intact, but the model they hold had diverged: refused, not trained from.
+  std::string diverged = data;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(diverged.data() + 4 * 5, &nan, sizeof(nan));
+  expect_rejected(crafted(header, diverged), "parameter value 5 is nan");
+  // A damaged header length is damage, not a short file.
+  std::string long_header = bytes;
+  long_header[magic + 3] = static_cast<char>(0x7f);
+  expect_rejected(long_header, "corrupted or truncated (its header length reads");
   std::filesystem::remove(path);
 }
 

@@ -303,6 +303,21 @@ TEST_F(DataFashionMnist, ImagesMustBe3D) {
                {path("train-images-idx3-ubyte.gz"), "3-D"});
 }
 
+// An empty set would train nothing and report 0% accuracy; a pipe would block the loader for
+// ever; a file given as the directory is not "missing". Each is named when the data is loaded.
+TEST_F(DataFashionMnist, EmptySetsPipesAndAFileForTheDirectoryAreNamed) {
+  write_idx(path("train-images-idx3-ubyte.gz"), patterned({0, 28, 28}), true);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({}), true);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {path("train-images-idx3-ubyte.gz"), "holds no samples", "0 images of 28x28"});
+  write_idx(path("t10k-images-idx3-ubyte"), patterned({2, 1, 1}), false);
+  ASSERT_EQ(::mkfifo(path("t10k-labels-idx1-ubyte").c_str(), 0600), 0);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Test); },
+               {path("t10k-labels-idx1-ubyte"), "is not a regular file"});
+  expect_error([&] { load_fashion_mnist(path("t10k-images-idx3-ubyte"), Split::Test); },
+               {path("t10k-images-idx3-ubyte"), "is not a directory"});
+}
+
 TEST_F(DataFashionMnist, MissingDirectoryOrFileSaysHowToGetIt) {
   const std::string missing = path("no-such-dir");
   expect_error([&] { load_fashion_mnist(missing, Split::Train); },

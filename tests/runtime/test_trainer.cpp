@@ -212,6 +212,37 @@ Dataset synthetic(int64_t count, uint32_t seed) {
   return data;
 }
 
+// A test set whose samples do not fit the model is refused before the first step, not after an
+// epoch of training; a model of images wants their geometry, not only their number of values.
+TEST(Trainer, ATestSetThatDoesNotFitIsRefusedBeforeTraining) {
+  const Dataset train = synthetic(32, 1);
+  Dataset narrow = synthetic(8, 2);
+  narrow.rows = 28, narrow.cols = 27;
+  narrow.images.resize(static_cast<size_t>(8 * 28 * 27));
+  Dataset reshaped = synthetic(8, 3);
+  reshaped.rows = 14, reshaped.cols = 56;  // 784 values, not 28x28
+  TrainOptions options;
+  options.batch = 8;
+  options.eval_batch = 8;
+  auto refused = [&](const ModelSpec& model, const Dataset& test) {
+    Trainer trainer(model, options);
+    int steps = 0;
+    trainer.on_progress([&](const Progress&) { ++steps; });
+    try {
+      trainer.fit(train, &test);
+    } catch (const Error& error) {
+      EXPECT_EQ(steps, 0) << "refused only after training";
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused(models::mlp(), narrow).find("the test set has samples of 28x27"), std::string::npos);
+  EXPECT_NE(refused(models::cnn(), reshaped).find("takes samples of [1,28,28], the test set has samples of 14x56"),
+            std::string::npos);
+  EXPECT_NE(refused(models::lstm(), reshaped).find("the test set has samples of 14x56"), std::string::npos);
+  EXPECT_EQ(refused(models::mlp(), reshaped), "accepted");  // the MLP takes 784 values in a row
+}
+
 // --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
 // two coincide), with training time that leaves the evaluations out; the callback can stop it.
 TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
