@@ -50,15 +50,15 @@ inline std::vector<std::string> split(const std::string& flag, const std::string
 // The benches' limits: a batch beyond Fashion-MNIST's training set, or counts past these, is a typo.
 constexpr int kMaxBatch = 60000, kMaxCount = 1000000;
 
-// A whole number in [1, high] given to `flag` (nothing after the digits), or quiver::Error naming it.
-inline int to_int(const std::string& flag, const std::string& text, int high = kMaxCount) {
+// A whole number in [low, high] given to `flag` (nothing after the digits), or quiver::Error naming it.
+inline int to_int(const std::string& flag, const std::string& text, int high = kMaxCount, int low = 1) {
   try {
     size_t used = 0;
     const long long value = std::stoll(text, &used);
-    if (used == text.size() && value > 0 && value <= high) return static_cast<int>(value);
+    if (used == text.size() && value >= low && value <= high) return static_cast<int>(value);
   } catch (const std::exception&) {
   }
-  throw Error(cat(flag, ": expected a whole number from 1 to ", high, ", got '", text, "'"));
+  throw Error(cat(flag, ": expected a whole number from ", low, " to ", high, ", got '", text, "'"));
 }
 
 // "on" -> true, "off" -> false given to `flag`, or quiver::Error naming it.

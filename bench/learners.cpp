@@ -58,13 +58,7 @@ Options parse(int argc, char** argv) {
     }
     if (flag == "--staleness") {
       o.staleness.clear();
-      for (const std::string& s : bench::split(flag, value)) {
-        if (s == "0") {
-          o.staleness.push_back(0);
-          continue;
-        }
-        o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness));
-      }
+      for (const std::string& s : bench::split(flag, value)) o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness, 0));
       continue;
     }
     if (flag != "--learners")

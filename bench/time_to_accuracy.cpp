@@ -1,7 +1,7 @@
 // quiver-bench-time-to-accuracy: wall time until the test accuracy reaches a target, single-stream
 // (one model, all cores, auto policy) vs learners tuned while training (--learners auto, SMA);
 // with --device cuda, one CUDA stream vs learners on streams of that GPU.
-// Rules, the same for both: SGD lr 0.01, momentum 0.9, batch 64 per learner, seed 1, no schedule
+// Rules, the same for both: SGD lr 0.01, momentum 0.9, batch 64 per learner (--batch), seed 1, no schedule
 // change; the test set is evaluated --evals-per-epoch times an epoch (every that fraction of an
 // epoch's batches, every learner's counted, and at each epoch's end; evaluation time excluded
 // from the clock); stop at the target or after --max-epochs. Time is training time up to the
@@ -63,6 +63,7 @@ constexpr char kUsage[] =
     "--learners auto (SGD lr 0.01, momentum 0.9, batch 64 per learner, seed 1).\n"
     "\n"
     "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
+    "  --batch B         batch size of single-stream and of every learner (default 64)\n"
     "  --max-epochs N    give up after N epochs (default 10)\n"
     "  --evals-per-epoch E  evaluate the test set E times an epoch (default 20: a coarser grid\n"
     "                    rounds each time up to its next evaluation)\n"
@@ -82,6 +83,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> names = {"mlp", "cnn", "lstm"};
   int max_epochs = 10;
   int evals_per_epoch = 20;  // a quarter-epoch grid moved ratios by up to 1.5x
+  int64_t batch = TrainOptions{}.batch;
   std::string output;
   Device device;
   int staleness = 0;
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
       std::string value = argv[++i];
       if (flag == "--models") {
         names = bench::model_names(flag, value);
+      } else if (flag == "--batch") {
+        batch = bench::to_int(flag, value, bench::kMaxBatch);
       } else if (flag == "--max-epochs") {
         max_epochs = bench::to_int(flag, value, 10000);
       } else if (flag == "--evals-per-epoch") {
@@ -112,10 +116,10 @@ int main(int argc, char** argv) {
         if (value != "none" && value != "linear") throw Error(cat(flag, ": expected none or linear, got '", value, "'"));
         scale_lr = value == "linear";
       } else if (flag == "--staleness") {
-        staleness = value == "0" ? 0 : bench::to_int(flag, value, kMaxStaleness);
+        staleness = bench::to_int(flag, value, kMaxStaleness, 0);
       } else {
         throw Error(cat("unknown option '", flag,
-                        "' (--models --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
+                        "' (--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
                         " --output)"));
       }
     }
@@ -133,6 +137,7 @@ int main(int argc, char** argv) {
       TrainOptions options;
       options.threads = available_cores();
       options.epochs = max_epochs;
+      options.batch = batch;
       options.device = device;
       const int64_t per_epoch = train.count / options.batch;  // the batcher's full batches
       options.eval_every = std::max<int64_t>(1, per_epoch / evals_per_epoch);
