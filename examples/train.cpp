@@ -122,7 +122,9 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   using namespace quiver;
   TrainCommand command;
   try {
@@ -217,4 +219,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int status = run(argc, argv);
+  // The results are the point of a run: output that could not be written (a full disk, a closed
+  // pipe) is an error, not a silent success.
+  std::cout.flush();
+  if (status == 0 && (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))) {
+    std::cerr << "quiver-train: cannot write the results to standard output\n";
+    return 1;
+  }
+  return status;
 }
