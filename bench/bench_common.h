@@ -125,6 +125,15 @@ struct GridOptions {
   std::string output;  // markdown table, written atomically
 };
 
+// The value after the flag argv[i] (i moves past it). A word that is no flag, and a flag with
+// nothing after it, are named as such (the latter may be an option this bench does not have).
+inline std::string flag_value(int argc, char** argv, int& i) {
+  const std::string flag = argv[i];
+  if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
+  if (i + 1 >= argc) throw Error(cat(flag, ": missing value, or no such option (see --help)"));
+  return argv[++i];
+}
+
 // Applies `flag value` when it is one of GridOptions' flags; false when it is not.
 inline bool parse_grid_flag(const std::string& flag, const std::string& value, GridOptions& o) {
   if (flag == "--models") {

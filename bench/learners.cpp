@@ -45,8 +45,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
-    if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
-    std::string value = argv[++i];
+    std::string value = bench::flag_value(argc, argv, i);
     if (bench::parse_grid_flag(flag, value, o)) continue;
     if (flag == "--device") {
       o.device = bench::for_flag(flag, [&] { return Device::parse(value); });

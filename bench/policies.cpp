@@ -33,8 +33,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
-    if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
-    if (!bench::parse_grid_flag(flag, argv[++i], o))
+    if (!bench::parse_grid_flag(flag, bench::flag_value(argc, argv, i), o))
       throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --output)"));
   }
   return o;

@@ -57,8 +57,7 @@ BenchOptions parse(int argc, char** argv) {
       o.profile = true;
       continue;
     }
-    if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
-    std::string value = argv[++i];
+    std::string value = bench::flag_value(argc, argv, i);
     if (flag == "--models") {
       o.models = bench::model_names(flag, value);
     } else if (flag == "--batches") {

@@ -93,8 +93,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
-      if (i + 1 >= argc) throw Error(cat(flag, ": missing value"));
-      std::string value = argv[++i];
+      std::string value = bench::flag_value(argc, argv, i);
       if (flag == "--models") {
         names = bench::model_names(flag, value);
       } else if (flag == "--batch") {
