@@ -225,8 +225,8 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const int status = run(argc, argv);
-  // The results are the point of a run: output that could not be written (a full disk, a closed
-  // pipe) is an error, not a silent success.
+  // The results are the point of a run: output that could not be written (a full disk) is an
+  // error, not a silent success. (A closed pipe ends the process by SIGPIPE, as it ends other tools.)
   std::cout.flush();
   if (status == 0 && (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))) {
     std::cerr << "quiver-train: cannot write the results to standard output\n";

@@ -121,8 +121,9 @@ class SharedBuffer {
   void reserve(size_t bytes) {
     if (bytes <= bytes_) return;
     const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    data_.reset(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
-    if (!data_) throw Error(cat("oneDNN convolution: out of memory allocating ", rounded, " bytes"));
+    std::unique_ptr<char, Free> grown(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
+    if (!grown) throw Error(cat("oneDNN convolution: out of memory allocating ", rounded, " bytes"));
+    data_ = std::move(grown);  // the old buffer stays until the new one exists
     bytes_ = rounded;
   }
   char* data() const { return data_.get(); }
@@ -238,6 +239,7 @@ class OnednnConv {
     if (found != slices_.end()) return found->second;
     std::vector<std::unique_ptr<Slice>> made;
     std::array<size_t, 2> used{};
+    size_t own = 0;
     for (int64_t index = 0; index < count; ++index) {
       int64_t first = g_.batch * index / count, last = g_.batch * (index + 1) / count;
       made.push_back(make_slice(pass_, g_, first, last - first, engine_));
@@ -246,9 +248,10 @@ class OnednnConv {
         slice.offset[k] = used[k];
         used[k] += (slice.sliced[k]->internal_bytes() + SharedBuffer::kAlign - 1) / SharedBuffer::kAlign * SharedBuffer::kAlign;
       }
-      own_bytes_ += slice.own_bytes();
+      own += slice.own_bytes();
     }
-    for (size_t k = 0; k < used.size(); ++k) shared_[k].reserve(used[k]);
+    for (size_t k = 0; k < used.size(); ++k) shared_[k].reserve(used[k]);  // may throw: nothing kept yet
+    own_bytes_ += own;
     return slices_.emplace(count, std::move(made)).first->second;
   }
 

@@ -76,13 +76,20 @@ void check_writable(const std::string& path, const std::string& what) {
     throw Error(cat(what, ": '", path, "' is not a regular file"));
   // The temporary file is created in `directory` and renamed there: create one now and remove it.
   // (access() is not enough: root may "write" /proc and /sys, which refuse new files.)
-  const std::string probe = cat(directory, "/.quiver-probe.", ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error(cat(what, ": cannot write '", path, "': cannot create files in '", directory, "': ",
-                    std::strerror(errno)));
-  ::close(fd);
-  ::unlink(probe.c_str());
+  // (A name per process and call, retried past one a killed process left behind.)
+  static std::atomic<uint64_t> serial{0};
+  for (int attempt = 0;; ++attempt) {
+    const std::string probe = cat(directory, "/.quiver-probe.", ::getpid(), ".", serial.fetch_add(1));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      return;
+    }
+    if (errno != EEXIST || attempt == 8)
+      throw Error(cat(what, ": cannot write '", path, "': cannot create files in '", directory, "': ",
+                      std::strerror(errno)));
+  }
 }
 
 }  // namespace quiver

@@ -94,6 +94,9 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   replica.trace_path.clear();
   std::vector<std::unique_ptr<Learner>> built;
   const int per_device = (learners + static_cast<int>(devices_.size()) - 1) / static_cast<int>(devices_.size());
+  // On the CPU, read before the first replica is built: each replica counts whole below, what it
+  // touches while being built included (its inputs, the LSTM's scratch).
+  const int64_t cpu_available = train_.device.is_cpu() ? memory_budget(available_memory_bytes(), train_.memory_limit) : -1;
   for (int j = 0; j < learners; ++j) {
     auto learner = std::make_unique<Learner>();
     replica.device = devices_[j % devices_.size()];
@@ -101,12 +104,13 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     if (trace_) learner->trainer->train_plan().set_trace(trace_.get(), j, rounds_done_ + 1);  // steps = rounds
     if (j < static_cast<int>(devices_.size())) {
       // The first replica on a device exists already. On a GPU its memory is taken (free_memory
-      // counts it) and the others need their share of what is left; on the CPU its plans' pages
-      // are not touched until it trains, so MemAvailable still counts them: all of them must fit.
+      // counts it) and the others need their share of what is left; on the CPU all of them must
+      // fit in what was available before it was built (its plans' pages are not touched until it
+      // trains, so MemAvailable would still count most of them as free).
       const Device device = replica.device;
       const int64_t each = learner_bytes(*learner->trainer, needs_snapshot());
       const int64_t need = (device.is_cpu() ? per_device : per_device - 1) * each;
-      const int64_t have = device.is_cpu() ? available_memory_bytes() : backend_for(device).free_memory(device.index);
+      const int64_t have = device.is_cpu() ? cpu_available : backend_for(device).free_memory(device.index);
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
                         (per_device * each) >> 20, " MiB on ", device.str(), ", only ", have >> 20,

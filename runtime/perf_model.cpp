@@ -260,7 +260,7 @@ bool PerfModel::load(const std::string& path) {
 namespace {
 
 // Whether `path` may hold a profile cache, however stale or corrupt: a JSON object whose format is
-// ours, or text that starts as a JSON object and does not parse (a cache cut short). save()
+// ours, an empty file, or text that starts as a JSON object and does not parse (a cache cut short). save()
 // replaces only such a file (or none): not another JSON document, nor a file that is no JSON.
 bool holds_profile_cache(const std::string& path) {
   std::error_code error;
@@ -271,9 +271,9 @@ bool holds_profile_cache(const std::string& path) {
   text << in.rdbuf();
   const std::string contents = text.str();
   const nlohmann::json cache = nlohmann::json::parse(contents, nullptr, false);  // no exceptions
-  if (cache.is_discarded()) {
+  if (cache.is_discarded()) {  // empty, or a cache cut short; not some other text
     const size_t first = contents.find_first_not_of(" \t\r\n");
-    return first != std::string::npos && contents[first] == '{';
+    return first == std::string::npos || contents[first] == '{';
   }
   return cache.is_object() && cache.contains("format") && cache["format"].is_string() &&
          cache["format"].get<std::string>() == kCacheFormat;

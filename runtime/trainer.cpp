@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -42,6 +41,7 @@ void check_options(const TrainOptions& o) {
     throw Error(cat("optimizer must be sgd or adam, got '", o.optimizer, "'"));
   if (o.eval_batch < 1) throw Error(cat("eval batch must be >= 1, got ", o.eval_batch));
   if (o.eval_every < 0) throw Error(cat("eval every must be >= 0 batches, got ", o.eval_every));
+  if (o.memory_limit < 0) throw Error(cat("memory limit must be >= 0 bytes (0: none), got ", o.memory_limit));
 }
 
 }  // namespace
@@ -74,6 +74,9 @@ double FitClock::epoch_end(int64_t epoch, int64_t batches, bool& keep_going) {
 Trainer::Trainer(ModelSpec model, TrainOptions options)
     : model_(std::move(model)), options_(std::move(options)) {
   check_options(options_);
+  // Read before anything is allocated: memory_bytes() counts what this trainer touches as it is
+  // built (inputs, the LSTM's scratch), which MemAvailable would otherwise count as taken twice.
+  const int64_t available = options_.device.is_cpu() ? available_memory_bytes() : -1;
   train_graph_ = build_graph(options_.batch, true, &logits_, &loss_, &probs_);
   eval_graph_ = build_graph(options_.eval_batch, false, &eval_logits_, nullptr, nullptr);
   store_ = std::make_unique<ParamStore>(train_graph_, options_.device);
@@ -110,24 +113,15 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   }
   // Refused now rather than by the kernel's out-of-memory killer once the plans' pages are touched.
   if (options_.device.is_cpu()) {
-    const int64_t need = memory_bytes(), have = available_memory_bytes();
+    const int64_t have = memory_budget(available, options_.memory_limit), need = memory_bytes();
     if (have > 0 && need > have)
       throw Error(cat("model '", model_.name, "' at batch ", options_.batch, " needs about ", need >> 20,
-                      " MiB of memory, only ", have >> 20, " MiB are available (a smaller batch)"));
+                      " MiB of memory, only ", have >> 20, " MiB are ",
+                      have == options_.memory_limit ? "allowed (memory limit)" : "available", " (a smaller batch)"));
   }
 }
 
 Trainer::~Trainer() = default;
-
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return -1;
-}
 
 int64_t Trainer::memory_bytes() const {
   // parameters, gradients and the optimizer's state (momentum, or Adam's two moments)
@@ -189,13 +183,18 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
   return loss;
 }
 
+int64_t memory_budget(int64_t available, int64_t limit) {
+  if (limit > 0 && (available <= 0 || limit < available)) return limit;
+  return available;
+}
+
 void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which) {
   const Shape& shape = model.sample_shape;
   // A model of images (the CNN's 1x28x28, the LSTM's 28 steps of 28) takes rows x cols as they
   // are; 14x56 has the values of 28x28 but not its geometry. Others take the values in a row.
   const bool image = shape.rank() >= 2;
-  const bool fits = image ? data.rows == shape[shape.rank() - 2] && data.cols == shape[shape.rank() - 1]
-                          : data.rows * data.cols == shape.numel();
+  const bool fits = data.rows * data.cols == shape.numel() &&
+                    (!image || (data.rows == shape[shape.rank() - 2] && data.cols == shape[shape.rank() - 1]));
   if (!fits)
     throw Error(cat("model '", model.name, "' takes samples of ", shape.str(), ", the ", which, " has samples of ",
                     data.rows, "x", data.cols));

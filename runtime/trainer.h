@@ -14,6 +14,7 @@
 #include "core/nn.h"
 #include "runtime/executor.h"
 #include "runtime/fashion_mnist.h"
+#include "runtime/memory.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
 
@@ -50,6 +51,9 @@ struct TrainOptions {
   Device device;
   // On a device, replay each plan's run as a captured graph after two eager runs (PlanOptions).
   bool device_graphs = true;
+  // CPU: the most bytes a trainer (or a learner group's replicas together) may hold, beyond which
+  // it is refused before training (Trainer::memory_bytes); 0: what the machine has available.
+  int64_t memory_limit = 0;
 };
 
 struct Progress {
@@ -114,12 +118,13 @@ struct TrainReport {
   double final_loss = 0.0;
 };
 
-// Throws unless `data`'s samples fit `model` (`which` names the set in the message): rows x cols as
-// the model's last two sample dimensions for models of images, as many values for the others.
+// Throws unless `data`'s samples fit `model` (`which` names the set in the message): as many values
+// as a sample of the model, and for models of images rows x cols as its last two dimensions.
 void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which);
 
-// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
-int64_t available_memory_bytes();
+// What a memory check may plan on: `available` (available_memory_bytes(), -1 when unknown), or
+// `limit` (TrainOptions::memory_limit) where that is set and smaller.
+int64_t memory_budget(int64_t available, int64_t limit);
 
 class Trainer {
  public:

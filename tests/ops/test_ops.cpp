@@ -251,46 +251,60 @@ TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
 
 // The oneDNN convolutions cut the batch into one slice per granted thread, and the reordered
 // copies of the batch-cut arguments of every slice count share one buffer per argument. Slice
-// counts taken in turn (growing and shrinking it) must each give the im2col kernels' results.
+// counts taken in turn must each give the im2col kernels' results: 16 and 32 channels (blocked
+// layouts without padding), and a batch of 7 with 3, 5 and 20 channels (slices of uneven size,
+// channels padded in the blocked layouts). (oneDNN's blocked layouts here take a multiple of 64
+// bytes an image, so no slice count outgrows the buffer the whole batch reserved; the growth
+// path in SharedBuffer::reserve is exercised only where a layout is not.)
 TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
-  GraphBuilder b;
-  const Shape xs{6, 16, 9, 9}, ws{32, 16, 3, 3}, ys{6, 32, 9, 9};  // 16 and 32 channels: blocked layouts
-  Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", ys);
-  Value y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
-  Attrs input_attrs, weight_attrs;
-  input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
-  weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
-  Value dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
-  Value dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
-  ParamStore store(b.graph());
-  PlanOptions reference_options;
-  reference_options.prefer_kernel = "im2col_gemm";
-  Plan reference(b.graph(), store, {y, dx, dw}, reference_options);
-  Plan onednn(b.graph(), store, {y, dx, dw});
-  for (const PlanStep& step : onednn.steps()) EXPECT_EQ(step.kernel_name, "onednn");
-  EXPECT_GT(onednn.kernel_bytes(), 0) << "the prepared convolutions hold reordered copies: the plan must count them";
-  std::mt19937_64 rng(7);
-  std::uniform_real_distribution<float> draw(-1.0f, 1.0f);
-  for (const char* name : {"x", "w", "dy"}) {
-    std::vector<float> values(static_cast<size_t>(onednn.input(name).numel()));
-    for (float& v : values) v = draw(rng);
-    onednn.upload(onednn.input(name), values.data());
-    reference.upload(reference.input(name), values.data());
-  }
-  reference.run();
-  for (int threads : {1, 3, 2, 1, 3, 2}) {
-    SCOPED_TRACE(cat(threads, " slice(s)"));
-    const ThreadBudget budget(threads);
-    const int64_t run = onednn.begin_run();
-    for (int position = 0; position < static_cast<int>(onednn.steps().size()); ++position)
-      onednn.run_step(position, budget, run);
-    for (Value v : {y, dx, dw}) {
-      const Tensor& got = onednn.tensor(v);
-      const Tensor& want = reference.tensor(v);
-      float worst = 0.0f;
-      for (int64_t i = 0; i < got.numel(); ++i)
-        worst = std::max(worst, std::abs(got.f32()[i] - want.f32()[i]) / std::max(1.0f, std::abs(want.f32()[i])));
-      EXPECT_LT(worst, 1e-4f) << b.graph().value(v.id).name;
+  struct Geometry {
+    Shape x, w;
+  };
+  for (const Geometry& geometry : {Geometry{Shape{6, 16, 9, 9}, Shape{32, 16, 3, 3}},
+                                   Geometry{Shape{7, 3, 5, 5}, Shape{5, 3, 3, 3}},
+                                   Geometry{Shape{7, 20, 6, 6}, Shape{20, 20, 3, 3}}}) {
+    const Shape& xs = geometry.x;
+    const Shape& ws = geometry.w;
+    const Shape ys{xs[0], ws[0], xs[2], xs[3]};  // 3x3, padding 1, stride 1
+    SCOPED_TRACE(cat("x ", xs.str(), ", w ", ws.str()));
+    GraphBuilder b;
+    Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", ys);
+    Value y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
+    Attrs input_attrs, weight_attrs;
+    input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
+    weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
+    Value dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
+    Value dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
+    ParamStore store(b.graph());
+    PlanOptions reference_options;
+    reference_options.prefer_kernel = "im2col_gemm";
+    Plan reference(b.graph(), store, {y, dx, dw}, reference_options);
+    Plan onednn(b.graph(), store, {y, dx, dw});
+    for (const PlanStep& step : onednn.steps()) EXPECT_EQ(step.kernel_name, "onednn");
+    EXPECT_GT(onednn.kernel_bytes(), 0) << "the prepared convolutions hold reordered copies: the plan must count them";
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> draw(-1.0f, 1.0f);
+    for (const char* name : {"x", "w", "dy"}) {
+      std::vector<float> values(static_cast<size_t>(onednn.input(name).numel()));
+      for (float& v : values) v = draw(rng);
+      onednn.upload(onednn.input(name), values.data());
+      reference.upload(reference.input(name), values.data());
+    }
+    reference.run();
+    for (int threads : {1, 3, 2, 1, 3, 5, 2}) {
+      SCOPED_TRACE(cat(threads, " slice(s)"));
+      const ThreadBudget budget(threads);
+      const int64_t run = onednn.begin_run();
+      for (int position = 0; position < static_cast<int>(onednn.steps().size()); ++position)
+        onednn.run_step(position, budget, run);
+      for (Value v : {y, dx, dw}) {
+        const Tensor& got = onednn.tensor(v);
+        const Tensor& want = reference.tensor(v);
+        float worst = 0.0f;
+        for (int64_t i = 0; i < got.numel(); ++i)
+          worst = std::max(worst, std::abs(got.f32()[i] - want.f32()[i]) / std::max(1.0f, std::abs(want.f32()[i])));
+        EXPECT_LT(worst, 1e-4f) << b.graph().value(v.id).name;
+      }
     }
   }
 }

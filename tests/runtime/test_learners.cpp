@@ -610,6 +610,24 @@ TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
   }
 }
 
+// A memory limit (TrainOptions::memory_limit) holds a group's replicas together: three that need
+// more than it are refused; two that fit are built.
+TEST(Learners, AMemoryLimitHoldsTheReplicasTogether) {
+  TrainOptions train = recipe();
+  train.batch = 64;
+  train.eval_batch = 1;  // as a replica's (LearnerGroup builds them so), and z's here too
+  const int64_t each = learner_bytes(Trainer(models::lstm(), train), false);
+  train.memory_limit = 5 * each / 2;
+  EXPECT_NO_THROW(LearnerGroup(models::lstm(), train, LearnerOptions{2, 1, SmaOptions{}}));
+  try {
+    LearnerGroup group(models::lstm(), train, LearnerOptions{3, 1, SmaOptions{}});
+    FAIL() << "3 replicas of " << each << " bytes cannot fit in " << train.memory_limit;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("learners: 3 replicas of 'lstm' at batch 64 need about "),
+              std::string::npos) << error.what();
+  }
+}
+
 // Synchronous SGD: k learners of batch b average their gradients and apply one momentum SGD
 // step, which is one learner of batch k*b (the loss is a batch mean) up to float rounding.
 TEST(Learners, SynchronousSgdEqualsOneLearnerOfTheCombinedBatch) {

@@ -190,8 +190,9 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   bad = original;
   bad["quiver"] = "0.1";  // timings of older kernels
   expect_ignored(bad.dump(), "stale");
-  // Saving replaces a cache, stale or corrupt, but not a file that is no cache at all: the
-  // path may be a checkpoint or notes given by mistake.
+  // Saving replaces a cache, stale or corrupt, or an empty file (mktemp's), but not a file that is
+  // no cache at all: the path may be a checkpoint or notes given by mistake.
+  std::ofstream(path, std::ios::trunc).close();
   model.save(path);
   ASSERT_TRUE(PerfModel(2).load(path));
   for (const std::string& other : {std::string("not json at all"), std::string("{\"notes\": [1, 2]}")}) {

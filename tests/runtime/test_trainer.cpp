@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "models/models.h"
@@ -177,28 +180,57 @@ TEST(Trainer, ItsFootprintCountsTheKernelsOwnScratch) {
                                         3 * trainer.params().flat_size() * f);
 }
 
-// A batch whose plans would not fit in the memory left is refused when the trainer is made, with
-// the sizes, not found out by the out-of-memory killer once training touches the pages. The
-// CNN's footprint grows by about half a megabyte a sample: twice what is available is refused while
-// its input batch (3 KB a sample, the only memory touched before the check) stays small.
-TEST(Trainer, ABatchThatDoesNotFitInMemoryIsRefused) {
-  const int64_t available = available_memory_bytes();
-  if (available <= 0) GTEST_SKIP() << "available memory unknown here (no /proc/meminfo)";
+// A model whose footprint exceeds the memory it may take is refused when the trainer is made,
+// with the sizes, not found out by the out-of-memory killer once training touches the pages. The
+// budget is TrainOptions::memory_limit here (the machine's available memory otherwise), so the
+// test allocates nothing large whatever the host.
+TEST(Trainer, AModelThatDoesNotFitItsMemoryIsRefused) {
   TrainOptions options;
   options.batch = 16;
-  const int64_t at16 = Trainer(models::cnn(), options).memory_bytes();
-  options.batch = 32;
-  const int64_t per_sample = (Trainer(models::cnn(), options).memory_bytes() - at16) / 16;
-  ASSERT_GT(per_sample, 100000);
-  options.batch = 2 * available / per_sample + 16;
+  const int64_t footprint = Trainer(models::cnn(), options).memory_bytes();
+  options.memory_limit = footprint + (1 << 20);
+  EXPECT_NO_THROW(Trainer(models::cnn(), options));
+  options.memory_limit = footprint - 1;
   try {
     Trainer too_big(models::cnn(), options);
-    FAIL() << "a batch of " << options.batch << " needs about " << too_big.memory_bytes() << " bytes, "
-           << available << " are available";
+    FAIL() << "a footprint of " << too_big.memory_bytes() << " bytes passed a limit of " << options.memory_limit;
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("MiB of memory, only"), std::string::npos) << error.what();
-    EXPECT_NE(std::string(error.what()).find(cat("batch ", options.batch)), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("model 'cnn' at batch 16 needs about "), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("are allowed (memory limit)"), std::string::npos) << error.what();
   }
+  options.memory_limit = -1;
+  EXPECT_THROW(Trainer(models::cnn(), options), Error);
+}
+
+// The memory a cgroup (a container, a CI job) still allows, from fake cgroup v1 and v2 trees:
+// limit - usage + reclaimable file cache; no limit is no answer (-1).
+TEST(Memory, ACgroupLimitIsWhatTheProcessMayStillTake) {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("quiver-cgroup-" + std::to_string(::getpid()));
+  auto write = [&](const std::string& relative, const std::string& text) {
+    std::filesystem::create_directories((root / relative).parent_path());
+    std::ofstream(root / relative) << text;
+  };
+  const int64_t MiB = int64_t{1} << 20;
+  write("job/memory.max", "1073741824\n");
+  write("job/memory.current", "268435456\n");
+  write("job/memory.stat", "anon 1\ninactive_file 1048576\nactive_file 5\n");
+  EXPECT_EQ(cgroup_headroom_bytes("0::/job\n", root.string()), 1024 * MiB - 256 * MiB + MiB);
+  EXPECT_EQ(cgroup_headroom_bytes("0::/elsewhere\n", root.string()), -1) << "nothing mounted there or at the root";
+  write("memory.max", "max\n");
+  write("memory.current", "1\n");
+  EXPECT_EQ(cgroup_headroom_bytes("0::/elsewhere\n", root.string()), -1) << "'max' is no limit";
+  write("memory.max", "536870912\n");
+  EXPECT_EQ(cgroup_headroom_bytes("0::/elsewhere\n", root.string()), 512 * MiB - 1) << "a namespace's own root";
+  write("memory/ci/job/memory.limit_in_bytes", "2147483648\n");
+  write("memory/ci/job/memory.usage_in_bytes", "1073741824\n");
+  write("memory/ci/job/memory.stat", "cache 9\ntotal_inactive_file 4096\n");
+  EXPECT_EQ(cgroup_headroom_bytes("5:cpu,cpuacct:/\n4:memory:/ci/job\n", root.string()), 1024 * MiB + 4096);
+  write("memory/ci/job/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  EXPECT_EQ(cgroup_headroom_bytes("4:memory:/ci/job\n", root.string()), -1);
+  EXPECT_EQ(cgroup_headroom_bytes("", root.string()), -1);
+  std::filesystem::remove_all(root);
+  EXPECT_NE(available_memory_bytes(), 0);
 }
 
 // A small labelled set of random images, for fit() without the real data.
