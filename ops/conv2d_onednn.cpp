@@ -107,10 +107,13 @@ struct Slice {
   // x), whose reordered copies live in the kernel's shared buffers at these offsets.
   std::array<Staged*, 2> sliced{};
   std::array<size_t, 2> offset{};
-  // Bytes this slice holds for itself: the weights' copy, dw's share, the scratchpads.
+  // Bytes this slice holds for itself: the copy of the argument not cut (the weights, or dw),
+  // dw's share, the scratchpad.
   size_t own_bytes() const {
-    const Staged* weights = sliced[0] == lhs.get() && sliced[1] == out.get() ? rhs.get() : out.get();
-    return weights->internal_bytes() + partial_weights.size() * sizeof(float) + scratchpad.get_desc().get_size();
+    size_t bytes = partial_weights.size() * sizeof(float) + scratchpad.get_desc().get_size();
+    for (const Staged* argument : {lhs.get(), rhs.get(), out.get()})
+      if (argument != sliced[0] && argument != sliced[1]) bytes += argument->internal_bytes();
+    return bytes;
   }
 };
 
@@ -118,13 +121,14 @@ struct Slice {
 // never outlive a call: each call fills what it reads.
 class SharedBuffer {
  public:
+  static size_t rounded(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   void reserve(size_t bytes) {
     if (bytes <= bytes_) return;
-    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    std::unique_ptr<char, Free> grown(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
-    if (!grown) throw Error(cat("oneDNN convolution: out of memory allocating ", rounded, " bytes"));
+    const size_t size = rounded(bytes);
+    std::unique_ptr<char, Free> grown(static_cast<char*>(std::aligned_alloc(kAlign, size)));
+    if (!grown) throw Error(cat("oneDNN convolution: out of memory allocating ", size, " bytes"));
     data_ = std::move(grown);  // the old buffer stays until the new one exists
-    bytes_ = rounded;
+    bytes_ = size;
   }
   char* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
@@ -246,7 +250,7 @@ class OnednnConv {
       Slice& slice = *made.back();
       for (size_t k = 0; k < used.size(); ++k) {
         slice.offset[k] = used[k];
-        used[k] += (slice.sliced[k]->internal_bytes() + SharedBuffer::kAlign - 1) / SharedBuffer::kAlign * SharedBuffer::kAlign;
+        used[k] += SharedBuffer::rounded(slice.sliced[k]->internal_bytes());
       }
       own += slice.own_bytes();
     }

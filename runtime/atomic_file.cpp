@@ -28,13 +28,17 @@ bool write_and_sync(int fd, const std::string& text) {
   return ::fsync(fd) == 0;
 }
 
+// `prefix` with the process id and a counter: no two writers (two processes, or two threads of
+// one) share the name.
+std::string unique_name(const std::string& prefix) {
+  static std::atomic<uint64_t> serial{0};
+  return cat(prefix, ::getpid(), ".", serial.fetch_add(1));
+}
+
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
-  // The process id and a counter keep two writers of one path (two processes, or two threads of
-  // one) from sharing a temporary file.
-  static std::atomic<uint64_t> serial{0};
-  const std::string temporary = cat(path, ".tmp.", ::getpid(), ".", serial.fetch_add(1));
+  const std::string temporary = unique_name(path + ".tmp.");
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
   const bool written = write_and_sync(fd, text);
@@ -77,9 +81,8 @@ void check_writable(const std::string& path, const std::string& what) {
   // The temporary file is created in `directory` and renamed there: create one now and remove it.
   // (access() is not enough: root may "write" /proc and /sys, which refuse new files.)
   // (A name per process and call, retried past one a killed process left behind.)
-  static std::atomic<uint64_t> serial{0};
   for (int attempt = 0;; ++attempt) {
-    const std::string probe = cat(directory, "/.quiver-probe.", ::getpid(), ".", serial.fetch_add(1));
+    const std::string probe = unique_name(directory + "/.quiver-probe.");
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       ::close(fd);

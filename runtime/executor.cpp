@@ -216,10 +216,6 @@ std::vector<int> Executor::model_grants() const {
 
 void Executor::refit() {
   model_.fit();
-  table_predictions();
-}
-
-void Executor::table_predictions() {
   predicted_.assign(keys_.size(), std::vector<double>(static_cast<size_t>(capacity_) + 1, 0.0));
   fastest_.assign(keys_.size(), 1);
   for (size_t p = 0; p < keys_.size(); ++p) {

@@ -174,7 +174,6 @@ class Executor {
   std::vector<std::vector<double>> predicted_;
   std::vector<int> fastest_;
   void refit();  // model_.fit() and the table from it: the only way the model is fitted here
-  void table_predictions();
   std::vector<int> profile_schedule_;  // thread count of each remaining profiling run (0: warm-up)
   size_t profile_run_ = 0;
   bool profiled_ = false;

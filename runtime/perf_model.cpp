@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -209,20 +210,34 @@ std::string PerfModel::cpu_model() {
   return "unknown";
 }
 
+namespace {
+
+// The text of the file at `path` when it is a regular file of at most kLargestCache bytes (so a
+// device like /dev/zero is never read for ever), else nothing.
+std::optional<std::string> cache_text(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache)
+    return std::nullopt;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
 bool PerfModel::load(const std::string& path) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
-  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache) {
+  const std::optional<std::string> text = cache_text(path);
+  if (!text) {
     warn_once(cat("ignoring profile cache '", path, "': not a regular file of at most 64 MiB; ops will be profiled again"));
     return false;
   }
-  std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream text;
-  text << in.rdbuf();
   std::map<std::string, Entry> loaded;
   try {
-    nlohmann::json cache = nlohmann::json::parse(text.str());
+    nlohmann::json cache = nlohmann::json::parse(*text);
     if (!cache.is_object() || cache.value("format", "") != kCacheFormat)
       throw std::runtime_error("not a Quiver profile cache");
     if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
@@ -263,13 +278,9 @@ namespace {
 // ours, an empty file, or text that starts as a JSON object and does not parse (a cache cut short). save()
 // replaces only such a file (or none): not another JSON document, nor a file that is no JSON.
 bool holds_profile_cache(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache)
-    return false;
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string contents = text.str();
+  const std::optional<std::string> text = cache_text(path);
+  if (!text) return false;
+  const std::string& contents = *text;
   const nlohmann::json cache = nlohmann::json::parse(contents, nullptr, false);  // no exceptions
   if (cache.is_discarded()) {  // empty, or a cache cut short; not some other text
     const size_t first = contents.find_first_not_of(" \t\r\n");
