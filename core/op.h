@@ -27,6 +27,9 @@ class ExecContext {
   // Calls body(begin, end) over disjoint chunks of [0, count); chunks hold at most `grain` items.
   virtual void parallel_for(int64_t count, int64_t grain,
                             const std::function<void(int64_t, int64_t)>& body) const = 0;
+  // Bytes of the scratch workspace the context's kernels share now (a device stream's; 0 where
+  // there is none): what the largest request so far grew it to (KernelSpec::workspace_bytes).
+  virtual int64_t workspace_size() const { return 0; }
 };
 
 // One thread, no pool: what tests and the serial policy use.
@@ -56,6 +59,13 @@ struct KernelSpec {
   // What prepare allocated for the kernel's own use (scratch, staged copies), in bytes: a kernel
   // adds it here so a Plan's footprint, and the memory checks built on it, count it.
   mutable int64_t scratch_bytes = 0;
+  // The context the plan will call the kernel with (its thread budget on the CPU, its stream on a
+  // device), so that prepare can make choices that need it, such as a library's algorithm.
+  const ExecContext* context = nullptr;
+  // The most one call asks of the stream's shared scratch workspace, in bytes (device kernels:
+  // StreamContext::workspace). The plans on a stream share that one buffer, so a stream needs
+  // the largest request, not the sum.
+  mutable int64_t workspace_bytes = 0;
 };
 
 struct KernelImpl {

@@ -36,6 +36,7 @@ class StreamContext final : public ExecContext {
   // Scratch of at least `bytes` on this stream's device, reused by every kernel of the stream
   // (work on one stream is ordered, so one buffer suffices). Valid until the next call.
   void* workspace(int64_t bytes) const;
+  int64_t workspace_size() const override { return workspace_bytes_; }
   // Counts the workspace's moves: a CUDA graph captured with one workspace is stale after a move.
   int64_t workspace_generation() const { return workspace_generation_; }
   // Pinned host memory for staging copies: a ring of buffers used in turn, each with an event

@@ -4,8 +4,9 @@
 // CUDNN_CROSS_CORRELATION is what the CPU kernels compute (no kernel flip). Both gradients
 // overwrite their output (beta = 0), as the CPU kernels do.
 // Descriptors are built once per Plan in prepare; the algorithm needs a handle, so it is chosen
-// at the first call from cudnnGet*Algorithm_v7 (a heuristic query: nothing runs, nothing waits)
-// and kept. The choice prefers, in this order: a workspace of at most kMaxWorkspaceBytes,
+// from cudnnGet*Algorithm_v7 (a heuristic query: nothing runs, nothing waits) with the plan's
+// stream in prepare, where the plan gives one (KernelSpec::context), else at the first call, and
+// kept. Chosen in prepare, its workspace is known before anything runs, and memory checks count it. The choice prefers, in this order: a workspace of at most kMaxWorkspaceBytes,
 // FP32 FMA math (no TF32 tensor cores, so results match the CPU to float rounding), a
 // deterministic algorithm (no atomics: a convolution repeats bit for bit), then cuDNN's speed ranking.
 // The workspace comes from the stream's shared scratch buffer.
@@ -239,6 +240,12 @@ KernelFn kernel_for(const KernelSpec& spec, Pass pass, const ConvGeometry& g) {
   std::shared_ptr<Convolution> conv;
   try {
     conv = make_convolution(pass, g);
+    const auto* stream = dynamic_cast<const StreamContext*>(spec.context);
+    if (stream && !conv->empty) {
+      use_device(stream->device());
+      choose_algorithm(*conv, stream->cudnn());
+      spec.workspace_bytes = static_cast<int64_t>(conv->workspace_bytes);
+    }
   } catch (const Error& error) {
     throw Error(cat(spec.node.op, " '", spec.node.name, "': ", error.what()));
   }

@@ -115,6 +115,7 @@ __global__ void column_sum_kernel(float* sums, const float* matrix, int64_t rows
 
 KernelFn prepare_forward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
+  spec.workspace_bytes = static_cast<int64_t>(sizeof(float)) * g.batch * g.steps * g.gates();
   return [g](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
     float* h = call.outputs[0].f32();          // (B, T, H)
@@ -148,7 +149,12 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   // outputs: dx (B,T,I), dwx (I,4H), dwh (H,4H), dbias (4H)
   LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
   const bool input_grad = spec.node.attrs.get_int("input_grad", 1) != 0;
-  return [g, input_grad](const KernelCall& call) {
+  // Scratch: dgates (B*T, 4H), h_previous (B*T, H), and the carries dh_next, dc_next (B, H).
+  const int64_t rows = g.batch * g.steps, cells = g.batch * g.hidden;
+  const int64_t dgates_size = aligned(rows * g.gates()), h_previous_size = aligned(rows * g.hidden);
+  const int64_t scratch_bytes = static_cast<int64_t>(sizeof(float)) * (dgates_size + h_previous_size + 2 * cells);
+  spec.workspace_bytes = scratch_bytes;
+  return [g, input_grad, rows, cells, dgates_size, h_previous_size, scratch_bytes](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
     float* dx = call.outputs[0].f32();
     float* dwx = call.outputs[1].f32();
@@ -160,12 +166,8 @@ KernelFn prepare_backward(const KernelSpec& spec) {
     const float* wh = call.inputs[3].f32();
     const float* h = call.inputs[4].f32();
     const float* cache = call.inputs[5].f32();
-    const int64_t H = g.hidden, G = g.gates(), T = g.steps, rows = g.batch * T, cells = g.batch * H;
-
-    // Scratch: dgates (B*T, 4H), h_previous (B*T, H), and the carries dh_next, dc_next (B, H).
-    const int64_t dgates_size = aligned(rows * G), h_previous_size = aligned(rows * H);
-    auto* scratch = static_cast<float*>(
-        stream.workspace(sizeof(float) * (dgates_size + h_previous_size + 2 * cells)));
+    const int64_t H = g.hidden, G = g.gates(), T = g.steps;
+    auto* scratch = static_cast<float*>(stream.workspace(scratch_bytes));
     float* dG = scratch;
     float* h_previous = dG + dgates_size;
     float* dh_next = h_previous + h_previous_size;

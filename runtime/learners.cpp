@@ -103,18 +103,23 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     learner->trainer = std::make_unique<Trainer>(model_, replica);
     if (trace_) learner->trainer->train_plan().set_trace(trace_.get(), j, rounds_done_ + 1);  // steps = rounds
     if (j < static_cast<int>(devices_.size())) {
-      // The first replica on a device exists already. On a GPU its memory is taken (free_memory
-      // counts it) and the others need their share of what is left; on the CPU all of them must
-      // fit in what was available before it was built (its plans' pages are not touched until it
-      // trains, so MemAvailable would still count most of them as free).
+      // The first replica on a device exists already. On the CPU all replicas must fit in what
+      // was available before it was built (its plans' pages are not touched until it trains, so
+      // MemAvailable would still count most of them as free). On a GPU its memory is taken, all
+      // but its stream's workspace (allocated when it first runs), so what was available is the
+      // free memory plus what it took; the device also holds SMA's buffers (the previous move,
+      // the corrections' sum in the sync stream's workspace, and a copy of z away from z's device).
       const Device device = replica.device;
-      const int64_t each = learner_bytes(*learner->trainer, needs_snapshot());
-      const int64_t need = (device.is_cpu() ? per_device : per_device - 1) * each;
-      const int64_t have = device.is_cpu() ? cpu_available : backend_for(device).free_memory(device.index);
+      const Trainer& first = *learner->trainer;
+      const int64_t each = learner_bytes(first, needs_snapshot());
+      const int64_t sma = device.is_cpu() ? 0 : (device == train_.device ? 2 : 3) * first.params().flat_size() * 4;
+      const int64_t need = per_device * each + sma;
+      const int64_t have = device.is_cpu() ? cpu_available
+                                           : backend_for(device).free_memory(device.index) + first.memory_bytes() -
+                                                 first.workspace_bytes();
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        (per_device * each) >> 20, " MiB on ", device.str(), ", only ", have >> 20,
-                        " MiB are available there"));
+                        need >> 20, " MiB on ", device.str(), ", only ", have >> 20, " MiB are available there"));
     }
     drain();
     const Tensor& z = average_->params().flat_params();

@@ -167,6 +167,7 @@ void Plan::choose_kernels(const PlanOptions& options) {
     const Node& node = graph_.node(step.node);
     const OpDef& def = OpRegistry::global().get(node.op);
     KernelSpec spec{graph_, node};
+    spec.context = context_.get();
     const KernelImpl* chosen = nullptr;
     std::string reasons;
     for (const KernelImpl& impl : def.kernels) {
@@ -185,6 +186,7 @@ void Plan::choose_kernels(const PlanOptions& options) {
     step.kernel_name = chosen->name;
     step.kernel = chosen->prepare(spec);
     kernel_bytes_ += spec.scratch_bytes;
+    workspace_bytes_ = std::max(workspace_bytes_, spec.workspace_bytes);
     for (ValueId input : node.inputs) step.inputs.push_back(tensors_[input]);
     for (ValueId output : node.outputs) step.outputs.push_back(tensors_[output]);
   }

@@ -92,6 +92,9 @@ class Plan {
   int64_t activation_bytes() const { return activation_bytes_; }
   // What the kernels allocated for themselves when prepared (KernelSpec::scratch_bytes).
   int64_t kernel_bytes() const { return kernel_bytes_; }
+  // The largest request a kernel makes of the stream's shared workspace (KernelSpec::workspace_bytes;
+  // 0 on the CPU, where kernels count their scratch in kernel_bytes).
+  int64_t workspace_bytes() const { return workspace_bytes_; }
   // The plan's own input tensors (a batch of images, labels, the learning rate).
   int64_t input_bytes() const { return input_bytes_; }
   int threads() const;
@@ -110,6 +113,7 @@ class Plan {
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;
   int64_t kernel_bytes_ = 0;
+  int64_t workspace_bytes_ = 0;
   int64_t input_bytes_ = 0;
   Device device_;
   std::shared_ptr<ExecContext> context_;

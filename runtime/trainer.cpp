@@ -129,7 +129,11 @@ int64_t Trainer::memory_bytes() const {
   int64_t bytes = (2 + states) * store_->flat_size() * static_cast<int64_t>(sizeof(float));
   for (const Plan* plan : {train_plan_.get(), eval_plan_.get()})
     bytes += plan->input_bytes() + plan->activation_bytes() + plan->kernel_bytes();
-  return bytes;
+  return bytes + workspace_bytes();
+}
+
+int64_t Trainer::workspace_bytes() const {
+  return std::max(train_plan_->workspace_bytes(), eval_plan_->workspace_bytes());
 }
 
 Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs) {

@@ -150,9 +150,13 @@ class Trainer {
   const Plan& train_plan() const { return *train_plan_; }
   const TrainOptions& options() const { return options_; }
   // Bytes this trainer holds: parameters, gradients and optimizer state, both plans' inputs and
-  // activations, and what their kernels allocated for themselves. An estimate from what was allocated, touched
-  // or not (a plan's pages are touched when it first runs).
+  // activations, what their kernels allocated for themselves, and on a device the stream's
+  // workspace (workspace_bytes). An estimate from what was allocated, touched or not (a plan's
+  // pages are touched when it first runs; the workspace is allocated then).
   int64_t memory_bytes() const;
+  // The workspace the trainer's stream grows to when its plans run: both plans share the stream,
+  // so the larger of their largest requests (Plan::workspace_bytes; 0 on the CPU).
+  int64_t workspace_bytes() const;
   // The executor running the training plan; nullptr when the policy is empty (Plan::run).
   const Executor* executor() const { return executor_.get(); }
 

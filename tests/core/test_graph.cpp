@@ -318,6 +318,44 @@ TEST(Plan, ActivationBuffersAreReused) {
   EXPECT_FLOAT_EQ(plan.tensor(y).f32()[8], 0.0f);
 }
 
+// A test op whose kernel asks for the workspace its "bytes" attribute names and records the
+// context it was prepared with.
+const ExecContext* prepared_with = nullptr;
+const bool registered_workspace_op = [] {
+  OpDef def;
+  def.kind = "test_workspace";
+  def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
+  KernelImpl impl;
+  impl.name = "reference";
+  impl.device = DeviceKind::CPU;
+  impl.prepare = [](const KernelSpec& spec) -> KernelFn {
+    prepared_with = spec.context;
+    spec.workspace_bytes = spec.node.attrs.get_int("bytes");
+    return [](const KernelCall& call) { call.outputs[0].copy_from(call.inputs[0]); };
+  };
+  def.kernels.push_back(std::move(impl));
+  return register_op(std::move(def));
+}();
+
+// Kernels are prepared with the context the plan will call them with (a device kernel may pick
+// its algorithm with the stream's library handle then), and the plan's workspace is the largest
+// request: the kernels of a stream share one workspace, so requests do not add up.
+TEST(Plan, KernelsArePreparedWithThePlansContextAndItsWorkspaceIsTheLargestRequest) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4});
+  Value y = x;
+  for (int64_t bytes : {100, 300, 200}) y = b.apply1("test_workspace", {y}, Attrs().set("bytes", bytes));
+  ParamStore store(b.graph());
+  for (int threads : {1, 2}) {
+    PlanOptions options;
+    options.threads = threads;
+    Plan plan(b.graph(), store, {y}, options);
+    EXPECT_EQ(prepared_with, &plan.context()) << threads << " thread(s)";
+    EXPECT_EQ(plan.workspace_bytes(), 300);
+    EXPECT_EQ(plan.context().workspace_size(), 0) << "a CPU context has no shared workspace";
+  }
+}
+
 TEST(ParamStore, InitialisationDependsOnlyOnSeedAndName) {
   GraphBuilder b;
   b.parameter("a", Shape{10}, ParamInit::uniform(0.5));

@@ -303,6 +303,31 @@ TEST(CudaMemory, IsGivenBackWhenTheLearnersDie) {
   EXPECT_EQ(backend.allocated_bytes(0), before) << "releasing the cache frees only unused blocks";
 }
 
+// A trainer's footprint counts the workspace its stream grows to: the kernels report their
+// largest request when prepared (cuDNN's algorithm is chosen then), and after training steps and
+// an evaluation at a larger batch the stream's workspace is exactly that, for each model.
+TEST(CudaMemory, TheFootprintCountsTheWorkspaceTheStreamGrowsTo) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(64);
+  Dataset samples;
+  samples.count = 64, samples.rows = 28, samples.cols = 28;
+  samples.images = data.images;
+  samples.labels = data.labels;
+  for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
+    TrainOptions options = recipe(Device::cuda(0));
+    options.eval_batch = 64;
+    Trainer trainer(model, options);
+    const ExecContext& stream = trainer.train_plan().context();
+    const int64_t predicted = trainer.workspace_bytes();
+    EXPECT_GT(predicted, 0) << model.name << ": the loss alone asks for a row per sample";
+    EXPECT_EQ(stream.workspace_size(), 0) << model.name << ": nothing ran yet";
+    EXPECT_GE(trainer.memory_bytes(), predicted + trainer.train_plan().activation_bytes());
+    for (int step = 0; step < 3; ++step) trainer.train_step(data.images.data(), data.labels.data());
+    trainer.evaluate(samples);
+    EXPECT_EQ(stream.workspace_size(), predicted) << model.name;
+  }
+}
+
 // More replicas than the GPU's free memory holds are refused before anything trains, with the
 // need and what the device has, and the refusal keeps no device memory.
 TEST(CudaMemory, TooManyLearnersForTheDeviceAreRefusedBeforeTraining) {
