@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
         windows += cat(windows.empty() ? "" : "; ",
                        bench::configuration_cell(step.learners, step.threads_per_learner, device),
                        step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
-                       step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "");
+                       step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "", step.leap ? " (leap)" : "");
       std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
       const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
       // Unsettled: the configuration training ended with (the tuner was still measuring it).

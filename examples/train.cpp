@@ -93,11 +93,12 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       const bool single = step.learners == history.front().learners &&
                           step.threads_per_learner == history.front().threads_per_learner;
       if (single) single_rate = std::max(single_rate, step.samples_per_second);
-      std::printf("  %s: %.0f samples/s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
+      std::printf("  %s: %.0f samples/s%s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single  ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
                            : "  (single-stream: one learner, one CUDA stream)",
+                  step.leap && !step.again ? "  (a leap: twice the learners that did not gain)" : "",
                   step.again ? "  (measured again: a gain or a close call)" : "",
                   step.cut_short ? "  (window cut short: clearly slower)" : "");
     }

@@ -52,6 +52,7 @@ bool LearnerTuner::bounded(double samples_per_second) {
   skipped.samples_per_second = samples_per_second;
   skipped.bounded = true;
   history_.push_back(skipped);  // last_ stays: the group never ran this configuration
+  leaping_ = false;  // a bound settles, a leap's too: the group has not left the configuration it runs
   settle();
   return true;
 }
@@ -86,7 +87,7 @@ void LearnerTuner::record(double samples_per_second, bool cut_short) {
         best_ = window, best_rates_ = {samples_per_second};
         return grow_from(best_);
       }
-      return settle();
+      return leap_or_settle(window.learners);
     }
     case Phase::CandidateAgain:  // then the best so far again
       candidate_rates_.push_back(samples_per_second);
@@ -102,7 +103,7 @@ void LearnerTuner::record(double samples_per_second, bool cut_short) {
         return grow_from(best_);
       }
       best_.samples_per_second = best;
-      return settle();
+      return leap_or_settle(candidate_.learners);
     }
   }
 }
@@ -112,6 +113,10 @@ void LearnerTuner::refused() {
   auto same = [](const TunerStep& a, const TunerStep& b) {
     return a.learners == b.learners && a.threads_per_learner == b.threads_per_learner;
   };
+  if (phase_ == Phase::Explore && current_.leap) {  // a leap is only a try: settle at the best, which the caller returns to
+    leaping_ = false;
+    return settle();
+  }
   if (settled_) history_.pop_back(), settled_ = false;  // the kept entry changes
   TunerStep stay = last_;
   if (same(stay, best_))
@@ -123,9 +128,22 @@ void LearnerTuner::refused() {
 }
 
 void LearnerTuner::grow_from(const TunerStep& from) {
+  leaping_ = false;
   const int next = from.learners + options_.step;
   if (next > options_.max_learners) return settle();
   current_ = {next, std::max(1, options_.cores / next), 0.0};
+}
+
+void LearnerTuner::leap_or_settle(int failed_learners) {
+  int leap = std::min(options_.max_learners, 2 * failed_learners);
+  leap -= leap % options_.step;  // whole learners per device
+  if (!options_.leap || leaping_ || leap <= failed_learners) {  // a failed leap settles
+    leaping_ = false;
+    return settle();
+  }
+  leaping_ = true;
+  current_ = {leap, std::max(1, options_.cores / leap), 0.0};
+  current_.leap = true;
 }
 
 void LearnerTuner::settle() {
@@ -136,6 +154,7 @@ void LearnerTuner::settle() {
   kept.again = false;
   kept.cut_short = false;
   kept.bounded = false;
+  kept.leap = false;
   history_.push_back(kept);
 }
 

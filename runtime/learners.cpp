@@ -531,11 +531,17 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           const double most = boundable ? one_thread_bound(next.learners) : -1.0;
           if (most > 0.0 && tuner->bounded(most)) next = tuner->current();
           const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;
-          if (change) {
+          // Refused when it would not fit in memory: the group stays in the configuration just
+          // measured, and so does the tuner, except after a refused leap, which settles at the
+          // best so far; the group returns there (and stays if that is refused too).
+          for (bool retry = change; retry;) {
             try {
-              resize(next.learners, next.threads_per_learner);  // refused when it would not fit in memory
+              resize(next.learners, next.threads_per_learner);
+              retry = false;
             } catch (const Error&) {
-              tuner->refused();  // the group stays in the configuration just measured, and so does the tuner
+              tuner->refused();
+              next = tuner->current();
+              retry = next.learners != learners() || next.threads_per_learner != threads_per_learner_;
             }
           }
           history_ = tuner->history();

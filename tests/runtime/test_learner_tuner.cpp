@@ -1,6 +1,6 @@
 // The learner-count tuner's decisions, fed windows of chosen samples/s: Crossbow's rule (add a
 // learner while samples/s rises by more than the threshold, then keep the best), a close call
-// measured twice in A B B A order, and a refused configuration.
+// measured twice in A B B A order, a refused configuration, and the leap over a plateau.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -12,13 +12,24 @@
 namespace quiver {
 namespace {
 
-// Gains clearly above the threshold decided on one window (confirm_gains off), so each test
-// feeds only the windows its rule asks for; EveryGainIsConfirmedByDefault covers the default.
+// Gains clearly above the threshold decided on one window (confirm_gains off) and no leap over a
+// plateau, so each test feeds only the windows its rule asks for; EveryGainIsConfirmedByDefault
+// and the leap tests cover the defaults.
 TunerOptions on_cores(int cores, int max_learners) {
   TunerOptions options;
   options.cores = cores;
   options.max_learners = max_learners;
   options.confirm_gains = false;
+  options.leap = false;
+  return options;
+}
+
+// The default options (every gain confirmed, the leap over a plateau) on `cores` cores, at most
+// one learner a core.
+TunerOptions by_default(int cores) {
+  TunerOptions options;
+  options.cores = cores;
+  options.max_learners = cores;
   return options;
 }
 
@@ -97,27 +108,102 @@ TEST(LearnerTuner, OnlyCloseCallsAreMeasuredTwice) {
 // better. Here 2 learners' +33% was that (the second windows read 7100 against 7700: keep 1); a
 // true gain is confirmed and kept, and the tuner goes on from it.
 TEST(LearnerTuner, EveryGainIsConfirmedByDefault) {
-  TunerOptions defaults;
-  defaults.cores = 2;
-  defaults.max_learners = 2;
-  LearnerTuner fluke(defaults);
+  LearnerTuner fluke(by_default(2));
   EXPECT_EQ(run(fluke, {5665, 7522, 7100, 7700}), (std::vector<int>{1, 2, 2, 1}));
   ASSERT_TRUE(fluke.settled());
   EXPECT_EQ(fluke.current().learners, 1);
   EXPECT_TRUE(fluke.history()[2].again);
   EXPECT_DOUBLE_EQ(fluke.history().back().samples_per_second, 7700);
 
-  defaults.cores = 4;
-  defaults.max_learners = 4;
-  LearnerTuner real(defaults);
-  EXPECT_EQ(run(real, {100, 200, 190, 105, 150}), (std::vector<int>{1, 2, 2, 1, 3}));
+  LearnerTuner real(by_default(4));
+  // 3 learners' 150 is a loss against 200; the leap to 4 loses too (160): keep 2.
+  EXPECT_EQ(run(real, {100, 200, 190, 105, 150, 160}), (std::vector<int>{1, 2, 2, 1, 3, 4}));
   ASSERT_TRUE(real.settled());
-  EXPECT_EQ(real.current().learners, 2);  // 3 learners' 150 is a loss against 200
+  EXPECT_EQ(real.current().learners, 2);
   EXPECT_DOUBLE_EQ(real.history().back().samples_per_second, 200);
-  // A loss is not confirmed.
-  LearnerTuner loss(defaults);
-  EXPECT_EQ(run(loss, {100, 80}), (std::vector<int>{1, 2}));
+  // A loss is not confirmed (nor is the leap's).
+  LearnerTuner loss(by_default(4));
+  EXPECT_EQ(run(loss, {100, 80, 90}), (std::vector<int>{1, 2, 4}));
   EXPECT_TRUE(loss.settled());
+  EXPECT_EQ(loss.current().learners, 1);
+}
+
+// The 16-core host's curve (MLP, batch 16: 2 learners gain nothing, 4 learners 1.2x, 16 learners
+// 2.8x): one more learner at a time would stop at 1. Each count that fails to gain is followed by
+// a leap to twice that count; a gain there becomes the best and growth goes on by one.
+TunerOptions leaping(int cores) {
+  TunerOptions options = on_cores(cores, cores);
+  options.leap = true;
+  options.confirm_band = 0.0;  // each window decides: the sequence below is the rule's alone
+  return options;
+}
+
+TEST(LearnerTuner, LeapsOverAPlateau) {
+  LearnerTuner tuner(leaping(16));
+  // 1: 100; 2: 97 fails; leap to 4: 122 wins; 5: 130 fails (+7%); leap to 10: 200 wins; 11: 205
+  // fails; leap to 16 (22 capped at the cores): 276 wins; 17 is past the most: keep 16.
+  EXPECT_EQ(run(tuner, {100, 97, 122, 130, 200, 205, 276}), (std::vector<int>{1, 2, 4, 5, 10, 11, 16}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 16);
+  EXPECT_EQ(tuner.current().threads_per_learner, 1);
+  const std::vector<TunerStep>& history = tuner.history();
+  ASSERT_EQ(history.size(), 8u);
+  std::vector<int> leaps;
+  for (const TunerStep& step : history)
+    if (step.leap) leaps.push_back(step.learners);
+  EXPECT_EQ(leaps, (std::vector<int>{4, 10, 16}));
+  EXPECT_EQ(history[2].threads_per_learner, 4);  // 16 cores / 4
+  EXPECT_EQ(history[4].threads_per_learner, 1);  // 16 cores / 10
+  EXPECT_FALSE(history.back().leap);
+}
+
+// A leap that fails settles at the best; where twice the failed count is no new configuration (2
+// cores: 2 learners are the most), the tuner settles as without leaps.
+TEST(LearnerTuner, AFailedLeapSettlesAndTwoCoresNeverLeap) {
+  LearnerTuner failed(leaping(8));
+  EXPECT_EQ(run(failed, {100, 90, 105}), (std::vector<int>{1, 2, 4}));
+  ASSERT_TRUE(failed.settled());
+  EXPECT_EQ(failed.current().learners, 1);
+  EXPECT_DOUBLE_EQ(failed.history().back().samples_per_second, 100);
+
+  // From a best of 2, 3 fails and the leap goes to 6; that fails too: keep 2.
+  LearnerTuner later(leaping(8));
+  EXPECT_EQ(run(later, {100, 150, 150, 140}), (std::vector<int>{1, 2, 3, 6}));
+  EXPECT_EQ(later.current().learners, 2);
+
+  LearnerTuner two(leaping(2));
+  EXPECT_EQ(run(two, {100, 105}), (std::vector<int>{1, 2}));
+  ASSERT_TRUE(two.settled());
+  EXPECT_EQ(two.current().learners, 1);
+}
+
+// A leap, like any gain, is confirmed by default (A B B A: the leap again, then the best again).
+TEST(LearnerTuner, ALeapsGainIsConfirmedByDefault) {
+  LearnerTuner tuner(by_default(4));
+  // 2 learners: a close call (105, 104 against 100, 101) that loses; the leap to 4 gains (150,
+  // 148 against 101's second look, 99): keep 4.
+  EXPECT_EQ(run(tuner, {100, 105, 104, 101, 150, 148, 99}), (std::vector<int>{1, 2, 2, 1, 4, 4, 1}));
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 4);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 150);
+}
+
+// A refused leap (it would not fit in memory) settles at the best, which current() then names
+// although the group still runs the failed configuration: the caller returns to the best, and if
+// that is refused too, the tuner keeps where the group is.
+TEST(LearnerTuner, ARefusedLeapSettlesAtTheBest) {
+  LearnerTuner tuner(leaping(8));
+  EXPECT_EQ(run(tuner, {100, 90}), (std::vector<int>{1, 2}));
+  ASSERT_EQ(tuner.current().learners, 4);
+  ASSERT_TRUE(tuner.current().leap);
+  tuner.refused();
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 1);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 100);
+  tuner.refused();  // the way back to 1 learner would not fit either
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 90);
 }
 
 TEST(LearnerTuner, StopsAtTheMostLearnersAndWhenRefused) {
