@@ -140,6 +140,10 @@ int run(int argc, char** argv) {
   }
   for (const std::string& warning : command.warnings) std::cerr << "quiver-train: warning: " << warning << "\n";
   try {
+    // A device that does not exist is said before the data is read, not after.
+    if (!command.train.device.is_cpu())
+      for (int d = 0; d < command.gpus; ++d)
+        backend_for(Device{command.train.device.kind, command.train.device.index + d});
     std::string dir = command.data_dir.empty() ? default_fashion_mnist_dir() : command.data_dir;
     Dataset train = load_fashion_mnist(dir, Split::Train);
     Dataset test = load_fashion_mnist(dir, Split::Test);
@@ -212,11 +216,9 @@ int run(int argc, char** argv) {
       else
         std::cout << "explain: no executor (empty policy)\n";
     }
-  } catch (const Error& error) {
-    std::cerr << "\nquiver-train: " << error.what() << "\n";
-    return 1;
-  } catch (const std::exception& error) {  // out of memory, a thread that could not start: a message, not an abort
-    std::cerr << "\nquiver-train: " << error.what() << "\n";
+  } catch (const std::exception& error) {  // quiver::Error; out of memory, a thread that could not start: a message, not an abort
+    // A live progress line (a terminal) is ended first; a log gets the message alone.
+    std::cerr << (isatty(fileno(stdout)) ? "\n" : "") << "quiver-train: " << error.what() << "\n";
     return 1;
   }
   return 0;
