@@ -37,6 +37,7 @@ struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
   std::vector<int> staleness = {0};
   double window = 0.25;  // seconds, at least, per timed window
+  bool tune_leap = true;  // the tuner's leap over a plateau (LearnerOptions::tune_leap)
   Device device;
   Options() { batches = {16, 64}; }
 };
@@ -55,6 +56,10 @@ Options parse(int argc, char** argv) {
       o.window = bench::to_int(flag, value, 600000) / 1000.0;
       continue;
     }
+    if (flag == "--tune-leap") {
+      o.tune_leap = bench::on_off(flag, value);
+      continue;
+    }
     if (flag == "--staleness") {
       o.staleness.clear();
       for (const std::string& s : bench::split(flag, value)) o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness, 0));
@@ -63,7 +68,7 @@ Options parse(int argc, char** argv) {
     if (flag != "--learners")
       throw Error(cat("unknown option '", flag,
                       "' (--models --batches --learners --staleness --device --threads --warmup --steps --runs "
-                      "--window --output)"));
+                      "--window --tune-leap --output)"));
     o.learners.clear();
     for (const std::string& k : bench::split(flag, value)) o.learners.push_back(bench::to_int(flag, k, 256));
   }
@@ -86,6 +91,7 @@ constexpr char kUsage[] =
     "  --threads T       CPU threads in all (default: all available cores)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 20, 5)\n"
     "  --window MS       a timed window lasts at least MS milliseconds (default 250)\n"
+    "  --tune-leap on|off  the tuner's leap over a plateau (default on; off: add one learner at a time only)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -211,6 +217,7 @@ int main(int argc, char** argv) {
           LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
           tuned.tune = true;
           tuned.tune_cores = o.threads;
+          tuned.tune_leap = o.tune_leap;
           tuned.max_learners = most;
           LearnerGroup tuner(models::by_name(model), train, tuned);
           tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here

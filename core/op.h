@@ -59,8 +59,10 @@ struct KernelSpec {
   // What prepare allocated for the kernel's own use (scratch, staged copies), in bytes: a kernel
   // adds it here so a Plan's footprint, and the memory checks built on it, count it.
   mutable int64_t scratch_bytes = 0;
-  // The context the plan will call the kernel with (its thread budget on the CPU, its stream on a
-  // device), so that prepare can make choices that need it, such as a library's algorithm.
+  // The plan's context: on a device the stream every call comes with, so that prepare can make
+  // choices that need it, such as a library's algorithm. On the CPU the plan's own thread budget,
+  // which an executor replaces per call (a lane's budget): CPU kernels size their work by the
+  // call's ExecContext, never by this one.
   const ExecContext* context = nullptr;
   // The most one call asks of the stream's shared scratch workspace, in bytes (device kernels:
   // StreamContext::workspace). The plans on a stream share that one buffer, so a stream needs

@@ -55,10 +55,13 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   if (command.learners_auto && !on_cpu)
     std::cout << "learners: auto (start with 1 learner = 1 CUDA stream per GPU on " << command.gpus
               << " GPU(s) from " << command.train.device.str()
-              << "; add one per GPU while samples/s rises by more than 10%), sync " << sync << "\n";
+              << "; add one per GPU while samples/s rises by more than 10%, and where one does not, try twice "
+                 "as many once), sync "
+              << sync << "\n";
   else if (command.learners_auto)
     std::cout << "learners: auto (start with 1 learner on " << command.train.threads
-              << " threads; add one, the threads split evenly, while samples/s rises by more than 10%), sync "
+              << " threads; add one, the threads split evenly, while samples/s rises by more than 10%, and "
+                 "where one does not, try twice as many once), sync "
               << sync << "\n";
   else
     std::cout << "learners: " << configuration(group.learners(), group.threads_per_learner()) << ", sync " << sync
@@ -98,7 +101,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                   !single  ? ""
                   : on_cpu ? "  (single-stream: one learner, all cores)"
                            : "  (single-stream: one learner, one CUDA stream)",
-                  step.leap && !step.again ? "  (a leap: twice the learners that did not gain)" : "",
+                  step.leap && !step.again ? "  (a leap over a plateau)" : "",
                   step.again ? "  (measured again: a gain or a close call)" : "",
                   step.cut_short ? "  (window cut short: clearly slower)" : "");
     }
@@ -218,7 +221,7 @@ int run(int argc, char** argv) {
     }
   } catch (const std::exception& error) {  // quiver::Error; out of memory, a thread that could not start: a message, not an abort
     // A live progress line (a terminal) is ended first; a log gets the message alone.
-    std::cerr << (isatty(fileno(stdout)) ? "\n" : "") << "quiver-train: " << error.what() << "\n";
+    std::cerr << (!command.quiet && isatty(fileno(stdout)) ? "\n" : "") << "quiver-train: " << error.what() << "\n";
     return 1;
   }
   return 0;

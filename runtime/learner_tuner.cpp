@@ -52,8 +52,7 @@ bool LearnerTuner::bounded(double samples_per_second) {
   skipped.samples_per_second = samples_per_second;
   skipped.bounded = true;
   history_.push_back(skipped);  // last_ stays: the group never ran this configuration
-  leaping_ = false;  // a bound settles, a leap's too: the group has not left the configuration it runs
-  settle();
+  leap_or_settle(skipped.learners);  // as a measured loss: a leap next, or settled (a leap's bound)
   return true;
 }
 

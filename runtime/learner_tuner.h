@@ -21,8 +21,8 @@
 //
 // A configuration known to lose is not run. Where the caller can bound a new configuration's
 // samples/s from above before running it (LearnerGroup: one-thread learners, from the serial step
-// its executor measured), a bound no higher than the threshold's bar settles the tuner as a loss
-// would, without a window whose training pays for the slower configuration.
+// its executor measured), a bound no higher than the threshold's bar counts as a loss would (a
+// leap next, below, or settled), without a window whose training pays for the slower configuration.
 //
 // A plateau is leapt over once. On many cores (or a GPU) one more learner can gain nothing while
 // many more gain a lot: on a 16-core host the MLP at batch 16 read 0.97x single-stream with 2
@@ -81,8 +81,9 @@ class LearnerTuner {
   void measured_cut_short(double samples_per_second);
   // current(), a new configuration being explored, can reach at most `samples_per_second`. When
   // that is no more than (1 + threshold) x the best, it cannot be a gain worth a learner: it is
-  // recorded (marked bounded, with the bound as its samples/s), the tuner settles as after a
-  // measured loss, and this returns true. Otherwise (or while a close call is being measured, or
+  // recorded (marked bounded, with the bound as its samples/s), the tuner goes on as after a
+  // measured loss (current() is then the leap, which the caller may bound in turn, or the tuner
+  // has settled), and this returns true. Otherwise (or while a close call is being measured, or
   // for the first configuration) nothing changes, it returns false, and the caller measures.
   bool bounded(double samples_per_second);
   // The configuration current() asked for could not be built (it would not fit in memory): the

@@ -108,12 +108,18 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
       // MemAvailable would still count most of them as free). On a GPU its memory is taken, all
       // but its stream's workspace (allocated when it first runs), so what was available is the
       // free memory plus what it took; the device also holds SMA's buffers (the previous move,
-      // the corrections' sum in the sync stream's workspace, and a copy of z away from z's device).
+      // the corrections' sum in the sync stream's workspace, and a copy of z away from z's device)
+      // and, on z's device, the workspace z's evaluations will need.
       const Device device = replica.device;
       const Trainer& first = *learner->trainer;
       const int64_t each = learner_bytes(first, needs_snapshot());
       const int64_t sma = device.is_cpu() ? 0 : (device == train_.device ? 2 : 3) * first.params().flat_size() * 4;
-      const int64_t need = per_device * each + sma;
+      // z's trainer evaluates on a stream of its own, whose workspace grows at its first evaluation.
+      const int64_t average_workspace =
+          device == train_.device ? std::max<int64_t>(0, average_->workspace_bytes() -
+                                                            average_->train_plan().context().workspace_size())
+                                  : 0;
+      const int64_t need = per_device * each + sma + average_workspace;
       const int64_t have = device.is_cpu() ? cpu_available
                                            : backend_for(device).free_memory(device.index) + first.memory_bytes() -
                                                  first.workspace_bytes();
@@ -430,6 +436,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     tuning.confirm_band = options_.tune_confirm_band;
     tuning.confirm_gains = options_.tune_confirm_gains;
     tuning.cut_below = options_.tune_cut_below;
+    tuning.leap = options_.tune_leap;
     tuner.emplace(tuning);
     history_.clear();
     if (learners() != tuner_step || threads_per_learner_ != cores) resize(tuner_step, cores);
@@ -526,10 +533,13 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           else
             tuner->measured_cut_short(rate);
           TunerStep next = tuner->current();
-          // One-thread learners that could not gain enough are not run (the tuner then keeps the best).
-          const bool boundable = options_.tune_bound && next.threads_per_learner == 1;
-          const double most = boundable ? one_thread_bound(next.learners) : -1.0;
-          if (most > 0.0 && tuner->bounded(most)) next = tuner->current();
+          // One-thread learners that could not gain enough are not run: the tuner goes on as after a
+          // loss (its leap, which may be bounded in turn, or it keeps the best).
+          while (!tuner->settled() && options_.tune_bound && next.threads_per_learner == 1) {
+            const double most = one_thread_bound(next.learners);
+            if (!(most > 0.0 && tuner->bounded(most))) break;
+            next = tuner->current();
+          }
           const bool change = next.learners != k || next.threads_per_learner != threads_per_learner_;
           // Refused when it would not fit in memory: the group stays in the configuration just
           // measured, and so does the tuner, except after a refused leap, which settles at the

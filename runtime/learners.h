@@ -8,8 +8,9 @@
 // fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
 // batches), z is evaluated after each epoch, and with `tune` the number of learners is tuned while
 // training (Crossbow): start with one learner on all cores (or `tune_cores`), measure samples/s over a window, add a
-// learner (threads split evenly) while the gain exceeds `tune_threshold`, then step back to the
-// best and keep it; a close call is measured twice (runtime/learner_tuner.h). A change of k rebuilds the replicas from z (like a learning-rate drop).
+// learner (threads split evenly) while the gain exceeds `tune_threshold`, where one does not, try
+// twice as many once (`tune_leap`), then step back to the best and keep it; a close call is
+// measured twice (runtime/learner_tuner.h). A change of k rebuilds the replicas from z (like a learning-rate drop).
 // One learner with the default alpha has nothing to average: it trains exactly like single-stream
 // training and z is its model, so the tuner's starting point is single-stream itself.
 //
@@ -76,6 +77,10 @@ struct LearnerOptions {
   // (LearnerTuner::bounded(), one_thread_bound()). Applies where one learner of several threads
   // is followed by learners of one thread: 2 or 3 cores. false: every configuration is run.
   bool tune_bound = true;
+  // Where one more learner fails to gain, try twice that many once before settling (at most
+  // max_learners; learner_tuner.h, "A plateau is leapt over once"). false: Crossbow's add-one
+  // rule alone, as before 2026-11-26.
+  bool tune_leap = true;
   // A new configuration's warm-up (not measured): its executors' profiling, 3 rounds, and at
   // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
   // handles' first calls, pinned staging buffers) that otherwise land in the measured window.

@@ -188,6 +188,41 @@ TEST(LearnerTuner, ALeapsGainIsConfirmedByDefault) {
   EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 150);
 }
 
+// A bound at or below the bar counts as a loss: the leap comes next, and a leap bounded in turn
+// settles. A leap that reads as a clear loss may be cut short, and settles too.
+TEST(LearnerTuner, ABoundOrACutShortWindowCountsAsALossForTheLeap) {
+  LearnerTuner bounded(leaping(8));
+  bounded.measured(100);
+  ASSERT_EQ(bounded.current().learners, 2);
+  EXPECT_TRUE(bounded.bounded(105));  // 2 learners cannot gain 10%: leap to 4
+  ASSERT_FALSE(bounded.settled());
+  EXPECT_EQ(bounded.current().learners, 4);
+  EXPECT_TRUE(bounded.current().leap);
+  EXPECT_FALSE(bounded.bounded(200));  // 4 learners could: measure them
+  bounded.measured(150);
+  EXPECT_EQ(bounded.current().learners, 5);  // the leap gained: on by one from it
+
+  LearnerTuner both(leaping(8));
+  both.measured(100);
+  EXPECT_TRUE(both.bounded(105));
+  EXPECT_TRUE(both.bounded(108));  // the leap's bound is no gain either
+  ASSERT_TRUE(both.settled());
+  EXPECT_EQ(both.current().learners, 1);
+  const std::vector<TunerStep>& history = both.history();
+  ASSERT_EQ(history.size(), 4u);  // 1, 2 (bounded), 4 (bounded leap), the kept 1
+  EXPECT_TRUE(history[1].bounded);
+  EXPECT_TRUE(history[2].bounded && history[2].leap);
+
+  LearnerTuner cut(by_default(8));
+  cut.measured(100);
+  cut.measured(90);  // 2 learners: a clear loss; leap to 4
+  ASSERT_EQ(cut.current().learners, 4);
+  EXPECT_TRUE(cut.losing(80));
+  cut.measured_cut_short(80);
+  ASSERT_TRUE(cut.settled());
+  EXPECT_EQ(cut.current().learners, 1);
+}
+
 // A refused leap (it would not fit in memory) settles at the best, which current() then names
 // although the group still runs the failed configuration: the caller returns to the best, and if
 // that is refused too, the tuner keeps where the group is.
@@ -204,6 +239,16 @@ TEST(LearnerTuner, ARefusedLeapSettlesAtTheBest) {
   ASSERT_TRUE(tuner.settled());
   EXPECT_EQ(tuner.current().learners, 2);
   EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 90);
+
+  // A leap that gained is confirmed (the leap again, then the best again); the way back to the
+  // best for that second look is refused: the group stays at the leap, and so does the tuner.
+  LearnerTuner confirmed(by_default(8));
+  EXPECT_EQ(run(confirmed, {100, 90, 150, 148}), (std::vector<int>{1, 2, 4, 4}));
+  ASSERT_EQ(confirmed.current().learners, 1);
+  confirmed.refused();
+  ASSERT_TRUE(confirmed.settled());
+  EXPECT_EQ(confirmed.current().learners, 4);
+  EXPECT_DOUBLE_EQ(confirmed.history().back().samples_per_second, 150);
 }
 
 TEST(LearnerTuner, StopsAtTheMostLearnersAndWhenRefused) {

@@ -358,7 +358,7 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   const TunerStep& chosen = history.back();
   bool measured = false;
   for (size_t i = 0; i + 1 < history.size(); ++i) {
-    EXPECT_EQ(history[i].learners, static_cast<int>(i) + 1);  // one more learner each time
+    EXPECT_EQ(history[i].learners, static_cast<int>(i) + 1);  // one more each time (a leap from 2 is capped at 3)
     EXPECT_GT(history[i].samples_per_second, 0.0);
     measured = measured || (history[i].learners == chosen.learners &&
                             history[i].samples_per_second == chosen.samples_per_second);
