@@ -115,8 +115,9 @@ __global__ void column_sum_kernel(float* sums, const float* matrix, int64_t rows
 
 KernelFn prepare_forward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
-  spec.workspace_bytes = static_cast<int64_t>(sizeof(float)) * g.batch * g.steps * g.gates();
-  return [g](const KernelCall& call) {
+  const int64_t pre_bytes = static_cast<int64_t>(sizeof(float)) * g.batch * g.steps * g.gates();
+  spec.workspace_bytes = pre_bytes;
+  return [g, pre_bytes](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
     float* h = call.outputs[0].f32();          // (B, T, H)
     float* cache = call.outputs[1].f32();      // (T, B, 5H)
@@ -127,7 +128,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
     const int64_t H = g.hidden, G = g.gates(), T = g.steps, cells = g.batch * H;
     if (g.batch * T * G == 0) return;
     // (B*T, 4H): x*wx for all steps at once; step t then adds h(t-1)*wh into its rows.
-    auto* pre = static_cast<float*>(stream.workspace(sizeof(float) * g.batch * T * G));
+    auto* pre = static_cast<float*>(stream.workspace(pre_bytes));
     cublas_gemm(stream, pre, x, wx, GemmShape{g.batch * T, G, g.input});
     for (int64_t t = 0; t < T; ++t) {
       if (t > 0) {

@@ -57,10 +57,11 @@ __global__ void mean_kernel(float* loss, const double* row_loss, int64_t batch) 
 
 KernelFn prepare_softmax_cross_entropy(const KernelSpec& spec) {
   int64_t batch = spec.input(0).shape[0], classes = spec.input(0).shape[1];
-  spec.workspace_bytes = static_cast<int64_t>(sizeof(double)) * std::max<int64_t>(1, batch);
-  return [batch, classes](const KernelCall& call) {
+  const int64_t row_loss_bytes = static_cast<int64_t>(sizeof(double)) * std::max<int64_t>(1, batch);
+  spec.workspace_bytes = row_loss_bytes;
+  return [batch, classes, row_loss_bytes](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
-    auto* row_loss = static_cast<double*>(stream.workspace(sizeof(double) * std::max<int64_t>(1, batch)));
+    auto* row_loss = static_cast<double*>(stream.workspace(row_loss_bytes));
     if (batch > 0) {
       softmax_cross_entropy_rows_kernel<<<static_cast<unsigned>(batch), reduction_threads(classes), 0,
                                           stream.stream()>>>(call.outputs[1].f32(),  // (B, C)

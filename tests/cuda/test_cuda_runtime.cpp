@@ -168,6 +168,14 @@ struct Batches {
     for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
     for (float& v : images) v = 0.5f * (v + 1.0f);
   }
+  // The same samples as a dataset of 28x28 images, for Trainer::evaluate.
+  Dataset as_dataset() const {
+    Dataset samples;
+    samples.count = static_cast<int64_t>(labels.size()), samples.rows = 28, samples.cols = 28;
+    samples.images = images;
+    samples.labels = labels;
+    return samples;
+  }
   std::vector<float> images;
   std::vector<int32_t> labels;
 };
@@ -200,10 +208,7 @@ TEST(CudaTraining, ShortRunFollowsTheCpuLossCurve) {
 TEST(CudaGraphs, ReplayMatchesEagerRunsAndSurvivesAWorkspaceMove) {
   REQUIRE_CUDA_DEVICES(1);
   Batches data(64);
-  Dataset samples;
-  samples.count = 64, samples.rows = 28, samples.cols = 28;
-  samples.images = data.images;
-  samples.labels = data.labels;
+  const Dataset samples = data.as_dataset();
   for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
     TrainOptions options = recipe(Device::cuda(0));
     options.eval_batch = 64;  // four times the training batch: the evaluation needs more workspace
@@ -309,10 +314,7 @@ TEST(CudaMemory, IsGivenBackWhenTheLearnersDie) {
 TEST(CudaMemory, TheFootprintCountsTheWorkspaceTheStreamGrowsTo) {
   REQUIRE_CUDA_DEVICES(1);
   Batches data(64);
-  Dataset samples;
-  samples.count = 64, samples.rows = 28, samples.cols = 28;
-  samples.images = data.images;
-  samples.labels = data.labels;
+  const Dataset samples = data.as_dataset();
   for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
     TrainOptions options = recipe(Device::cuda(0));
     options.eval_batch = 64;
