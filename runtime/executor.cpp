@@ -244,7 +244,47 @@ void Executor::finish_profiling() {
   }
   use_schedule(0);
   profiled_ = true;
-  if (!loaded_from_cache_) save_profiles();
+  if (!loaded_from_cache_ && !adopted_) save_profiles();
+}
+
+std::optional<ExecutorTuning> Executor::tuning() const {
+  if (options_.policy != Policy::Auto || !profiled_) return std::nullopt;
+  ExecutorTuning tuning;
+  tuning.keys = keys_;
+  tuning.threads = capacity_;
+  tuning.model = model_;
+  tuning.trials_done = trials_done_;
+  tuning.schedule = chosen_;
+  tuning.settled_seconds = tuned_ ? settled_seconds_ : options_.retrial_seconds;
+  tuning.trial_seconds = chosen_trial_seconds_;
+  tuning.verdicts = chosen_verdicts_;
+  return tuning;
+}
+
+bool Executor::adopt(const ExecutorTuning& tuning) {
+  if (options_.policy != Policy::Auto || started_ || tuning.threads != capacity_ || tuning.keys != keys_ ||
+      tuning.model.max_threads() != model_.max_threads())
+    return false;
+  if (tuning.trials_done > 0 && (tuning.schedule < 0 || tuning.schedule >= static_cast<int>(kCandidates) ||
+                                 tuning.trial_seconds.size() != kCandidates))
+    return false;
+  model_ = tuning.model;
+  adopted_ = true;
+  loaded_from_cache_ = false;
+  profile_schedule_.clear();
+  profile_run_ = 0;
+  finish_profiling();
+  if (capacity_ > 1 && tuning.trials_done > 0) {
+    chosen_ = tuning.schedule;
+    use_schedule(chosen_);
+    tuned_ = true;
+    trials_done_ = tuning.trials_done;
+    settled_seconds_ = tuning.settled_seconds;
+    chosen_trial_seconds_ = tuning.trial_seconds;
+    chosen_verdicts_ = tuning.verdicts;
+    adopted_schedule_ = true;
+  }
+  return true;
 }
 
 void Executor::save_profiles() {
@@ -462,6 +502,7 @@ void Executor::choose(std::vector<Running>& launches) {
 void Executor::run() {
   State& state = *state_;
   std::unique_lock<std::mutex> lock(state.mutex);
+  started_ = true;
   state.run_index = plan_.begin_run();
   state.waiting = predecessor_count_;
   state.ready.clear();
@@ -569,9 +610,12 @@ std::string Executor::explain() const {
   std::string text = cat("policy ", name_of(options_.policy), ", ", capacity_, " threads, ", lanes(), " lanes\n");
   if (options_.policy != Policy::Auto) return text + "(grants and predictions come from the auto policy's model)\n";
   if (!tuned_ && trials_done_ == 0) return text + cat("still tuning: ", tuning_runs_left(), " steps to go\n");
-  text += loaded_from_cache_ ? cat("profiles from the cache '", options_.profile_cache, "'\n")
-                             : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
-                                   " samples per op and thread count after ", options_.profile_warmup, " warm-up steps)\n");
+  text += adopted_            ? cat("profiles", adopted_schedule_ ? " and schedule" : "",
+                                    " adopted from an earlier executor of this plan\n")
+          : loaded_from_cache_ ? cat("profiles from the cache '", options_.profile_cache, "'\n")
+                               : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
+                                     " samples per op and thread count after ", options_.profile_warmup,
+                                     " warm-up steps)\n");
   char line[512];
   if (candidate_grants_.size() > 1) {
     std::string verdicts;

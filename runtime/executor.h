@@ -28,6 +28,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,24 @@ struct ExecutorOptions {
   double refresh_tolerance = 0.25;
 };
 
+// What an auto executor has learned about its plan: the fitted profiles and, once a trial has
+// chosen, the schedule it chose with the trial's figures. An executor of the same plan at the same
+// thread count adopts it instead of profiling and trying the candidates again (LearnerGroup: a
+// configuration the learner tuner returns to would otherwise spend half a second of slower steps
+// repeating a trial it ran seconds before).
+struct ExecutorTuning {
+  std::vector<std::string> keys;  // the plan's op keys, in step order
+  int threads = 0;
+  PerfModel model{1};
+  int trials_done = 0;  // 0: profiles only, no schedule chosen yet
+  int schedule = 0;     // the chosen candidate ("model", "intra", "narrow", "serial")
+  // Seconds on the chosen schedule since that trial (the retrial clock); a trial that was under
+  // way when this was taken counts as due.
+  double settled_seconds = 0.0;
+  std::vector<std::vector<double>> trial_seconds;  // the choice's last block, per candidate
+  std::vector<int> verdicts;                       // the choice's blocks
+};
+
 class Executor {
  public:
   Executor(Plan& plan, ExecutorOptions options);
@@ -108,6 +127,14 @@ class Executor {
   // for an unknown name, and under the other policies (they try no candidates).
   double trial_step_seconds(const std::string& schedule) const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
+  // auto, once profiled: what this executor has learned; empty before, and under other policies.
+  std::optional<ExecutorTuning> tuning() const;
+  // auto, before the first run: start from `tuning`, taken from an executor of the same plan (the
+  // same op keys) at the same thread count, instead of profiling, and, where it had chosen a
+  // schedule, run that one without a trial (the retrial clock goes on from where it was). Returns
+  // false and changes nothing otherwise.
+  bool adopt(const ExecutorTuning& tuning);
+  bool adopted() const { return adopted_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
   const std::vector<int>& grants() const { return grants_; }         // per step position
   const std::vector<int>& last_threads() const { return last_threads_; }  // threads given in the last run
@@ -201,6 +228,9 @@ class Executor {
   std::vector<std::vector<double>> chosen_trial_seconds_;  // the step times of the last choice's last block
   std::vector<int> chosen_verdicts_;
   bool loaded_from_cache_ = false;
+  bool adopted_ = false;           // started from another executor's tuning (adopt())...
+  bool adopted_schedule_ = false;  // ...and its chosen schedule
+  bool started_ = false;  // run() has been called
   std::unique_ptr<State> state_;
 };
 

@@ -159,6 +159,9 @@ class Trainer {
   int64_t workspace_bytes() const;
   // The executor running the training plan; nullptr when the policy is empty (Plan::run).
   const Executor* executor() const { return executor_.get(); }
+  // Before the first step: the executor starts from `tuning` (Executor::adopt). False, changing
+  // nothing, without an executor or where the tuning is another plan's or thread count's.
+  bool adopt_tuning(const ExecutorTuning& tuning) { return executor_ && executor_->adopt(tuning); }
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);

@@ -547,6 +547,53 @@ TEST(Learners, ExecutorTuningRunsCountDownToZero) {
   EXPECT_EQ(serial.executor_tuning_runs_left(), 0);  // nothing to profile under the serial policy
 }
 
+// A replica rebuilt at a thread count the group ran before adopts what that count's executor had
+// learned (Executor::adopt): returning to one learner of two threads after two of one runs no
+// profiling and no trial again, keeps the schedule and the trial's serial step (the tuner's
+// one-thread bound reads it), and so does the way back to two learners (their profiles).
+TEST(Learners, AConfigurationRebuiltAtAKnownThreadCountAdoptsItsExecutorsTuning) {
+  Batches data(2 * 8);
+  TrainOptions train = recipe();
+  train.policy = "auto";
+  train.profile_cache = "";
+  LearnerGroup group(models::mlp(), train, LearnerOptions{1, 2, SmaOptions{}});
+  auto train_until_tuned = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (group.executor_tuning_runs_left() > 0 && std::chrono::steady_clock::now() < deadline)
+      group.round(data.images.data(), data.labels.data());
+    ASSERT_EQ(group.executor_tuning_runs_left(), 0);
+  };
+  train_until_tuned();
+  const Executor* lone = group.learner_executor(0);
+  EXPECT_FALSE(lone->adopted());
+  const std::string schedule = lone->chosen_schedule();
+  const double serial_step = lone->trial_step_seconds("serial");
+  ASSERT_GT(serial_step, 0.0);
+  const double bound = group.one_thread_bound(2);
+
+  group.resize(2, 1);
+  EXPECT_GT(group.executor_tuning_runs_left(), 0) << "one thread: never profiled yet";
+  EXPECT_FALSE(group.learner_executor(0)->adopted());
+  train_until_tuned();
+
+  group.resize(1, 2);
+  EXPECT_EQ(group.executor_tuning_runs_left(), 0);
+  const Executor* back = group.learner_executor(0);
+  EXPECT_TRUE(back->adopted());
+  EXPECT_TRUE(back->tuned());
+  EXPECT_EQ(back->chosen_schedule(), schedule);
+  EXPECT_EQ(back->trial_step_seconds("serial"), serial_step);
+  EXPECT_EQ(group.one_thread_bound(2), bound);
+  const float loss = group.round(data.images.data(), data.labels.data());
+  EXPECT_TRUE(std::isfinite(loss));
+
+  group.resize(2, 1);
+  EXPECT_EQ(group.executor_tuning_runs_left(), 0);
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_TRUE(group.learner_executor(j)->adopted()) << "learner " << j;
+  }
+}
+
 TEST(Learners, StalenessOptionsAreChecked) {
   auto refused = [](TrainOptions train, LearnerOptions options, const char* expected) {
     try {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -386,6 +387,108 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   PerfModel reread(2);
   EXPECT_TRUE(reread.load(path));
   std::filesystem::remove(path);
+}
+
+// An executor of the same plan at the same thread count adopts what a settled one learned: no
+// profiling and no trial, the same schedule and trial figures, and no profile cache written (the
+// one that profiled wrote it). Another thread count, another plan, another policy, or an executor
+// that has already run refuses, changing nothing. A tuning taken before any trial brings the
+// profiles only; one taken while a retrial was under way brings the last choice and a retrial at
+// the adopter's first step.
+TEST(PerfModel, AnExecutorOfTheSamePlanAdoptsASettledOnesTuning) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
+  options.trial_seconds = 0.0;
+  options.retrial_seconds = 0.0;
+  Executor first(trainer->train_plan(), options);
+  EXPECT_FALSE(first.tuning().has_value()) << "nothing learned before profiling";
+  while (!first.profiled()) first.run();
+  const std::optional<ExecutorTuning> profiles_only = first.tuning();
+  ASSERT_TRUE(profiles_only.has_value());
+  EXPECT_EQ(profiles_only->trials_done, 0);
+  while (!first.tuned()) first.run();
+  const std::optional<ExecutorTuning> settled = first.tuning();
+  ASSERT_TRUE(settled.has_value());
+  EXPECT_EQ(settled->trials_done, 1);
+
+  const std::string path = temp_path("adopted_cache.json");
+  std::filesystem::remove(path);
+  ExecutorOptions cached = options;
+  cached.profile_cache = path;
+  {
+    Executor second(trainer->train_plan(), cached);
+    EXPECT_GT(second.tuning_runs_left(), 0);
+    ASSERT_TRUE(second.adopt(*settled));
+    EXPECT_TRUE(second.adopted());
+    EXPECT_TRUE(second.profiled());
+    EXPECT_TRUE(second.tuned());
+    EXPECT_EQ(second.tuning_runs_left(), 0);
+    EXPECT_EQ(second.trials_done(), 1);
+    EXPECT_EQ(second.chosen_schedule(), first.chosen_schedule());
+    EXPECT_EQ(second.trial_verdicts(), first.trial_verdicts());
+    EXPECT_EQ(second.grants(), first.grants());
+    for (const char* schedule : {"model", "intra", "narrow", "serial"}) {
+      EXPECT_EQ(second.trial_step_seconds(schedule), first.trial_step_seconds(schedule)) << schedule;
+    }
+    for (int step = 0; step < 5; ++step) {
+      second.run();
+      ASSERT_TRUE(second.tuned()) << "no trial at step " << step;
+    }
+    EXPECT_EQ(second.trials_done(), 1);
+    EXPECT_FALSE(second.adopt(*settled)) << "only before the first step";
+    const std::string report = second.explain();
+    EXPECT_NE(report.find("profiles and schedule adopted"), std::string::npos) << report;
+  }
+  EXPECT_FALSE(std::filesystem::exists(path)) << "the adopter writes no cache";
+
+  // Refused, nothing changed: another thread count, another plan, another policy.
+  ExecutorOptions one_thread = options;
+  one_thread.threads = 1;
+  Executor narrow(trainer->train_plan(), one_thread);
+  const int narrow_left = narrow.tuning_runs_left();
+  EXPECT_FALSE(narrow.adopt(*settled));
+  EXPECT_FALSE(narrow.adopted());
+  EXPECT_EQ(narrow.tuning_runs_left(), narrow_left);
+  TrainOptions other_batch = trainer->options();
+  other_batch.batch = 2 * other_batch.batch;
+  Trainer other(models::mlp(), other_batch);
+  Executor foreign(other.train_plan(), options);
+  const int foreign_left = foreign.tuning_runs_left();
+  EXPECT_FALSE(foreign.adopt(*settled)) << "another batch: other op keys";
+  EXPECT_EQ(foreign.tuning_runs_left(), foreign_left);
+  ExecutorOptions intra = options;
+  intra.policy = Policy::Intra;
+  Executor plain(trainer->train_plan(), intra);
+  EXPECT_FALSE(plain.adopt(*settled));
+  EXPECT_FALSE(plain.tuning().has_value());
+
+  // Profiles only: no profiling, but the whole trial.
+  Executor third(trainer->train_plan(), options);
+  ASSERT_TRUE(third.adopt(*profiles_only));
+  EXPECT_TRUE(third.profiled());
+  EXPECT_FALSE(third.tuned());
+  EXPECT_EQ(third.tuning_runs_left(), 2 * 4 * 9);  // two blocks of 4 candidates in 3 stints of 3
+  EXPECT_NE(third.explain().find("still tuning"), std::string::npos);
+  while (!third.tuned()) third.run();
+  EXPECT_EQ(third.trials_done(), 1);
+  EXPECT_NE(third.explain().find("profiles adopted"), std::string::npos) << third.explain();
+
+  // Taken during a retrial: the last choice, and the retrial goes on at the first step.
+  ExecutorOptions retrying = options;
+  retrying.retrial_seconds = 1e-9;
+  Executor again(trainer->train_plan(), retrying);
+  while (again.trials_done() == 0) again.run();
+  again.run();
+  again.run();  // the period has passed: a second trial is under way
+  ASSERT_FALSE(again.tuned());
+  const std::optional<ExecutorTuning> mid_retrial = again.tuning();
+  ASSERT_TRUE(mid_retrial.has_value());
+  Executor fourth(trainer->train_plan(), retrying);
+  ASSERT_TRUE(fourth.adopt(*mid_retrial));
+  EXPECT_TRUE(fourth.tuned());
+  EXPECT_EQ(fourth.chosen_schedule(), again.chosen_schedule());
+  fourth.run();
+  EXPECT_FALSE(fourth.tuned()) << "the retrial that was due starts at once";
 }
 
 // A cache whose every time is 1000x too slow (as if measured while the host was busy) drives the
