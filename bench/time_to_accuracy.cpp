@@ -6,7 +6,10 @@
 // epoch's batches, every learner's counted, and at each epoch's end; evaluation time excluded
 // from the clock); stop at the target or after --max-epochs. Time is training time up to the
 // evaluation that first reached the target. With --lr-scaling linear the auto run's k learners
-// train at k x lr (the linear scaling rule; k = 1, single-stream's case, unchanged).
+// train at k x lr (the linear scaling rule; k = 1, single-stream's case, unchanged). With --runs N
+// each model runs N pairs, single-stream then auto, alternated; the table gives medians and each
+// pair's ratio.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -55,6 +58,37 @@ std::string cell(const Outcome& o) {
                    : cat("not reached in ", epochs, " ep (", static_cast<int>(o.accuracy * 1000) / 10.0, "%)");
 }
 
+// One run: its outcome. Several: the median seconds and epochs of the runs that reached the target.
+std::string cell(const std::vector<Outcome>& runs) {
+  if (runs.size() == 1) return cell(runs.front());
+  std::vector<double> seconds, epochs;
+  for (const Outcome& o : runs)
+    if (o.reached) seconds.push_back(o.seconds), epochs.push_back(o.epochs);
+  if (seconds.empty()) return cat("not reached in any of ", runs.size(), " runs");
+  Outcome median;
+  median.reached = true;
+  median.seconds = bench::median(seconds);
+  median.epochs = bench::median(epochs);
+  return cat(cell(median), ", median of ",
+             seconds.size() == runs.size() ? cat(runs.size()) : cat(seconds.size(), " of ", runs.size(), " reached"));
+}
+
+double rounded(double value) { return static_cast<int>(100 * value + 0.5) / 100.0; }
+
+// single / auto of each pair ("-" where either missed the target) and, over several, the median
+// of those that reached it.
+std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Outcome>& learners) {
+  std::string each;
+  std::vector<double> ratios;
+  for (size_t r = 0; r < single.size(); ++r) {
+    const bool both = single[r].reached && learners[r].reached;
+    if (both) ratios.push_back(single[r].seconds / learners[r].seconds);
+    each += cat(r == 0 ? "" : ", ", both ? cat(rounded(ratios.back())) : std::string("-"));
+  }
+  if (single.size() == 1) return each;
+  return ratios.empty() ? each : cat(each, " (median **", rounded(bench::median(ratios)), "**)");
+}
+
 }  // namespace
 
 constexpr char kUsage[] =
@@ -76,6 +110,8 @@ constexpr char kUsage[] =
     "                    from the serial step the executor timed, is no gain (default on)\n"
     "  --lr-scaling none|linear  the auto run's learning rate: linear trains k learners at k x\n"
     "                    lr (the linear scaling rule); default none: lr 0.01 whatever k\n"
+    "  --runs N          pairs of runs per model, single-stream then auto (default 1): the\n"
+    "                    table gives the medians and every pair's ratio\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -90,6 +126,7 @@ int main(int argc, char** argv) {
   bool cut_short = true;
   bool bound = true;
   bool scale_lr = false;
+  int runs = 1;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -114,12 +151,14 @@ int main(int argc, char** argv) {
       } else if (flag == "--lr-scaling") {
         if (value != "none" && value != "linear") throw Error(cat(flag, ": expected none or linear, got '", value, "'"));
         scale_lr = value == "linear";
+      } else if (flag == "--runs") {
+        runs = bench::to_int(flag, value, 100);
       } else if (flag == "--staleness") {
         staleness = bench::to_int(flag, value, kMaxStaleness, 0);
       } else {
         throw Error(cat("unknown option '", flag,
                         "' (--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
-                        " --output)"));
+                        " --runs --output)"));
       }
     }
     bench::check_staleness_on(device, staleness > 0);
@@ -140,36 +179,52 @@ int main(int argc, char** argv) {
       options.device = device;
       const int64_t per_epoch = train.count / options.batch;  // the batcher's full batches
       options.eval_every = std::max<int64_t>(1, per_epoch / evals_per_epoch);
-      std::printf("%s, target %.0f%%: single-stream\n", name.c_str(), 100 * target);
-      Trainer single(models::by_name(name), options);
-      Outcome one = run(single, [&] { return single.fit(train, &test); }, target, per_epoch);
-      std::printf("%s: learners auto\n", name.c_str());
-      LearnerOptions learners;
-      learners.learners = 1;
-      learners.threads_per_learner = available_cores();
-      learners.tune = true;
-      learners.staleness = staleness;
-      learners.tune_cut_short = cut_short;
-      learners.tune_bound = bound;
-      learners.scale_lr = scale_lr;
-      LearnerGroup group(models::by_name(name), options, learners);
-      Outcome many = run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch);
-      std::string windows;  // what the tuner measured (or bounded) and kept, for the log
-      for (const TunerStep& step : group.tuner_history())
-        windows += cat(windows.empty() ? "" : "; ",
-                       bench::configuration_cell(step.learners, step.threads_per_learner, device),
-                       step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
-                       step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "", step.leap ? " (leap)" : "");
-      std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
-      const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
-      // Unsettled: the configuration training ended with (the tuner was still measuring it).
-      const int ended_with = group.tuned() ? chosen.learners : group.learners();
-      const int threads = group.tuned() ? chosen.threads_per_learner : group.threads_per_learner();
-      const std::string choice =
-          cat(bench::configuration_cell(ended_with, threads, device), group.tuned() ? "" : " (tuner not settled)");
-      std::string row = cat("| ", name, " | ", 100 * target, "% | ", cell(one), " | ", cell(many), " | ", choice, " | ",
-                            one.reached && many.reached ? cat(static_cast<int>(100 * one.seconds / many.seconds) / 100.0) : "-",
-                            " |\n");
+      std::vector<Outcome> singles, autos;
+      std::vector<std::string> choices;  // auto's, in order of first appearance, with counts below
+      std::vector<int> counts;
+      for (int r = 1; r <= runs; ++r) {
+        const std::string run_name = runs == 1 ? std::string() : cat(" (run ", r, " of ", runs, ")");
+        std::printf("%s, target %.0f%%: single-stream%s\n", name.c_str(), 100 * target, run_name.c_str());
+        Trainer single(models::by_name(name), options);
+        singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
+        std::printf("%s: learners auto%s\n", name.c_str(), run_name.c_str());
+        LearnerOptions learners;
+        learners.learners = 1;
+        learners.threads_per_learner = available_cores();
+        learners.tune = true;
+        learners.staleness = staleness;
+        learners.tune_cut_short = cut_short;
+        learners.tune_bound = bound;
+        learners.scale_lr = scale_lr;
+        LearnerGroup group(models::by_name(name), options, learners);
+        autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
+        std::string windows;  // what the tuner measured (or bounded) and kept, for the log
+        for (const TunerStep& step : group.tuner_history())
+          windows += cat(windows.empty() ? "" : "; ",
+                         bench::configuration_cell(step.learners, step.threads_per_learner, device),
+                         step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
+                         step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "", step.leap ? " (leap)" : "");
+        std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
+        const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
+        // Unsettled: the configuration training ended with (the tuner was still measuring it).
+        const int ended_with = group.tuned() ? chosen.learners : group.learners();
+        const int threads = group.tuned() ? chosen.threads_per_learner : group.threads_per_learner();
+        const std::string choice =
+            cat(bench::configuration_cell(ended_with, threads, device), group.tuned() ? "" : " (tuner not settled)");
+        const auto known = std::find(choices.begin(), choices.end(), choice);
+        if (known == choices.end())
+          choices.push_back(choice), counts.push_back(1);
+        else
+          ++counts[known - choices.begin()];
+        if (runs > 1)
+          std::printf("    run %d: single / auto %s\n", r,
+                      ratio_cell({singles.back()}, {autos.back()}).c_str());
+      }
+      std::string choice;
+      for (size_t c = 0; c < choices.size(); ++c)
+        choice += cat(c == 0 ? "" : ", ", choices[c], runs == 1 ? std::string() : cat(" (", counts[c], " of ", runs, ")"));
+      std::string row = cat("| ", name, " | ", 100 * target, "% | ", cell(singles), " | ", cell(autos), " | ", choice,
+                            " | ", ratio_cell(singles, autos), " |\n");
       table += row;
       std::printf("%s", row.c_str());
     }
