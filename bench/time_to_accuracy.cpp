@@ -10,7 +10,9 @@
 // each model runs N pairs, single-stream then auto, alternated; the table gives medians and each
 // pair's ratio.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,10 +54,15 @@ Outcome run(Engine& engine, const std::function<TrainReport()>& fit, double targ
   return outcome;
 }
 
+std::string fixed(double value, int decimals) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
+  return text;
+}
+
 std::string cell(const Outcome& o) {
-  const double epochs = static_cast<int>(o.epochs * 100 + 0.5) / 100.0;
-  return o.reached ? cat(static_cast<int>(o.seconds * 10) / 10.0, " s (", epochs, " ep)")
-                   : cat("not reached in ", epochs, " ep (", static_cast<int>(o.accuracy * 1000) / 10.0, "%)");
+  return o.reached ? cat(fixed(o.seconds, 1), " s (", fixed(o.epochs, 2), " ep)")
+                   : cat("not reached in ", fixed(o.epochs, 2), " ep (", fixed(100 * o.accuracy, 1), "%)");
 }
 
 // One run: its outcome. Several: the median seconds and epochs of the runs that reached the target.
@@ -73,20 +80,35 @@ std::string cell(const std::vector<Outcome>& runs) {
              seconds.size() == runs.size() ? cat(runs.size()) : cat(seconds.size(), " of ", runs.size(), " reached"));
 }
 
-double rounded(double value) { return static_cast<int>(100 * value + 0.5) / 100.0; }
-
-// single / auto of each pair ("-" where either missed the target) and, over several, the median
-// of those that reached it.
+// single / auto of each pair ("-" where neither reached the target, "auto missed" or "single
+// missed" where one did not) and, over several, their median, a miss counting as a ratio beyond
+// every measured one on its side.
 std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Outcome>& learners) {
   std::string each;
   std::vector<double> ratios;
   for (size_t r = 0; r < single.size(); ++r) {
-    const bool both = single[r].reached && learners[r].reached;
-    if (both) ratios.push_back(single[r].seconds / learners[r].seconds);
-    each += cat(r == 0 ? "" : ", ", both ? cat(rounded(ratios.back())) : std::string("-"));
+    const bool one = single[r].reached, many = learners[r].reached;
+    std::string text = "-";
+    if (one && many) {
+      ratios.push_back(single[r].seconds / learners[r].seconds);
+      text = fixed(ratios.back(), 2);
+    } else if (one) {
+      ratios.push_back(0.0), text = "auto missed";
+    } else if (many) {
+      ratios.push_back(std::numeric_limits<double>::infinity()), text = "single missed";
+    }
+    each += cat(r == 0 ? "" : ", ", text);
   }
-  if (single.size() == 1) return each;
-  return ratios.empty() ? each : cat(each, " (median **", rounded(bench::median(ratios)), "**)");
+  if (single.size() == 1 || ratios.empty()) return each;
+  // The middle value; of two, their mean, or the lower where one is a miss (a mean with a miss
+  // means nothing, and the lower is the reading less kind to auto).
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  const double low = ratios[(n - 1) / 2], high = ratios[n / 2];
+  const bool miss = low == 0.0 || std::isinf(high);
+  const double median = n % 2 == 1 || miss ? low : 0.5 * (low + high);
+  const std::string middle = median == 0.0 ? "auto missed" : std::isinf(median) ? "single missed" : fixed(median, 2);
+  return cat(each, " (median **", middle, "**", ratios.size() < single.size() ? cat(" of ", ratios.size()) : "", ")");
 }
 
 }  // namespace

@@ -254,10 +254,13 @@ std::optional<ExecutorTuning> Executor::tuning() const {
   tuning.threads = capacity_;
   tuning.model = model_;
   tuning.trials_done = trials_done_;
-  tuning.schedule = chosen_;
-  tuning.settled_seconds = tuned_ ? settled_seconds_ : options_.retrial_seconds;
-  tuning.trial_seconds = chosen_trial_seconds_;
-  tuning.verdicts = chosen_verdicts_;
+  if (trials_done_ > 0) {
+    tuning.schedule = chosen_;
+    tuning.grants = chosen_grants_;
+    tuning.settled_seconds = settled_seconds_;  // during a retrial: at or past the period, so due
+    tuning.trial_seconds = chosen_trial_seconds_;
+    tuning.verdicts = chosen_verdicts_;
+  }
   return tuning;
 }
 
@@ -265,18 +268,39 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
   if (options_.policy != Policy::Auto || started_ || tuning.threads != capacity_ || tuning.keys != keys_ ||
       tuning.model.max_threads() != model_.max_threads())
     return false;
-  if (tuning.trials_done > 0 && (tuning.schedule < 0 || tuning.schedule >= static_cast<int>(kCandidates) ||
-                                 tuning.trial_seconds.size() != kCandidates))
-    return false;
+  if (tuning.trials_done > 0 && capacity_ > 1) {  // a choice: it must be one this executor can make
+    auto in = [](int value, int low, int high) { return value >= low && value <= high; };
+    bool sound = in(tuning.schedule, 0, static_cast<int>(kCandidates) - 1) && tuning.trial_seconds.size() == kCandidates &&
+                 tuning.grants.size() == keys_.size() && !tuning.verdicts.empty();
+    for (const std::vector<double>& seconds : tuning.trial_seconds) sound = sound && !seconds.empty();
+    for (int verdict : tuning.verdicts) sound = sound && in(verdict, 0, static_cast<int>(kCandidates) - 1);
+    for (int grant : tuning.grants) sound = sound && in(grant, 1, capacity_);
+    if (!sound) return false;
+  }
   model_ = tuning.model;
   adopted_ = true;
+  adopted_schedule_ = false;
   loaded_from_cache_ = false;
   profile_schedule_.clear();
   profile_run_ = 0;
+  // Whatever a cache (or an earlier adopt) had set up: from these profiles, as if just profiled.
+  tuned_ = false;
+  chosen_ = 0;
+  trials_done_ = 0;
+  settled_seconds_ = 0.0;
+  chosen_grants_.clear();
+  chosen_trial_seconds_.clear();
+  chosen_verdicts_.clear();
+  verdicts_.clear();
   finish_profiling();
+  start_trial_block();
   if (capacity_ > 1 && tuning.trials_done > 0) {
+    // The choice as its trial ran it: the chosen candidate's grants then, which for the model's
+    // schedule may differ from what the model (refreshed since) would grant now.
     chosen_ = tuning.schedule;
-    use_schedule(chosen_);
+    use_grants(tuning.grants);
+    width_ = candidate_widths_[chosen_];
+    chosen_grants_ = tuning.grants;
     tuned_ = true;
     trials_done_ = tuning.trials_done;
     settled_seconds_ = tuning.settled_seconds;
@@ -569,6 +593,7 @@ void Executor::run() {
       if (agreed >= 0 || blocks == kTrialBlocks) {
         chosen_ = agreed >= 0 ? agreed : kIntra;
         use_schedule(chosen_);
+        chosen_grants_ = grants_;  // as the trial ran them (a refreshed model's grants wait for the next)
         tuned_ = true;
         ++trials_done_;
         settled_seconds_ = 0.0;

@@ -88,8 +88,9 @@ struct ExecutorTuning {
   PerfModel model{1};
   int trials_done = 0;  // 0: profiles only, no schedule chosen yet
   int schedule = 0;     // the chosen candidate ("model", "intra", "narrow", "serial")
-  // Seconds on the chosen schedule since that trial (the retrial clock); a trial that was under
-  // way when this was taken counts as due.
+  std::vector<int> grants;  // its grants per step position, as the trial ran them
+  // Seconds on the chosen schedule since that trial (the retrial clock); a retrial under way when
+  // this was taken has them at or past the period, so the adopter's first step starts it again.
   double settled_seconds = 0.0;
   std::vector<std::vector<double>> trial_seconds;  // the choice's last block, per candidate
   std::vector<int> verdicts;                       // the choice's blocks
@@ -131,8 +132,9 @@ class Executor {
   std::optional<ExecutorTuning> tuning() const;
   // auto, before the first run: start from `tuning`, taken from an executor of the same plan (the
   // same op keys) at the same thread count, instead of profiling, and, where it had chosen a
-  // schedule, run that one without a trial (the retrial clock goes on from where it was). Returns
-  // false and changes nothing otherwise.
+  // schedule, run that one (with the grants its trial ran) without a trial; the retrial clock
+  // goes on from where it was. Returns false and changes nothing otherwise (another plan, thread
+  // count or policy, after a run, or a choice that names no candidate, grant or trial figure).
   bool adopt(const ExecutorTuning& tuning);
   bool adopted() const { return adopted_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }
@@ -227,6 +229,7 @@ class Executor {
   std::vector<int> verdicts_;  // the current trial's blocks: the candidate each found fastest
   std::vector<std::vector<double>> chosen_trial_seconds_;  // the step times of the last choice's last block
   std::vector<int> chosen_verdicts_;
+  std::vector<int> chosen_grants_;  // the chosen schedule's grants when the trial chose it
   bool loaded_from_cache_ = false;
   bool adopted_ = false;           // started from another executor's tuning (adopt())...
   bool adopted_schedule_ = false;  // ...and its chosen schedule

@@ -84,7 +84,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   if (!learners_.empty()) refresh_average();
   if (!learners_.empty())
     if (const Executor* executor = learners_.front()->trainer->executor())
-      if (std::optional<ExecutorTuning> tuning = executor->tuning()) tunings_[threads_per_learner_] = std::move(*tuning);
+      if (std::optional<ExecutorTuning> tuning = executor->tuning())
+        tunings_[{this->learners(), threads_per_learner_}] = std::move(*tuning);
   if (learners < 1 || threads_per_learner < 1)
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
   if (learners < static_cast<int>(devices_.size()))
@@ -104,7 +105,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     auto learner = std::make_unique<Learner>();
     replica.device = devices_[j % devices_.size()];
     learner->trainer = std::make_unique<Trainer>(model_, replica);
-    if (auto known = tunings_.find(threads_per_learner); known != tunings_.end())
+    if (auto known = tunings_.find({learners, threads_per_learner}); known != tunings_.end())
       learner->trainer->adopt_tuning(known->second);
     if (trace_) learner->trainer->train_plan().set_trace(trace_.get(), j, rounds_done_ + 1);  // steps = rounds
     if (j < static_cast<int>(devices_.size())) {

@@ -11,7 +11,7 @@
 // learner (threads split evenly) while the gain exceeds `tune_threshold`, where one does not, try
 // twice as many once (`tune_leap`), then step back to the best and keep it; a close call is
 // measured twice (runtime/learner_tuner.h). A change of k rebuilds the replicas from z (like a learning-rate drop);
-// a replica rebuilt at a thread count the group ran before starts from what that count's executor
+// on the CPU, the replicas of a configuration the group ran before start from what its executor
 // had learned (its profiles and chosen schedule: Executor::adopt), not from a new trial.
 // One learner with the default alpha has nothing to average: it trains exactly like single-stream
 // training and z is its model, so the tuner's starting point is single-stream itself.
@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/cpu_stream.h"
@@ -84,10 +85,10 @@ struct LearnerOptions {
   // max_learners; learner_tuner.h, "A plateau is leapt over once"). false: Crossbow's add-one
   // rule alone, as before 2026-11-26.
   bool tune_leap = true;
-  // A new configuration's warm-up (not measured): its executors' profiling and trial (none at a
-  // thread count run before: they adopt its tuning), 3 rounds, and at least this long. On a GPU
-  // the first rounds of fresh learners pay one-time costs (library handles' first calls, pinned
-  // staging buffers) that otherwise land in the measured window.
+  // A new configuration's warm-up (not measured): its executors' profiling and trial (what a
+  // configuration run before had finished of them is adopted, not run again), 3 rounds, and at
+  // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
+  // handles' first calls, pinned staging buffers) that otherwise land in the measured window.
   double tune_warmup_seconds = 0.2;
   int max_learners = 0;          // 0: the tuner's cores (CPU: a learner at least a core each), 8 per GPU (CUDA)
   int tune_cores = 0;            // CPU: the cores the tuner splits among learners (0: all available)
@@ -196,10 +197,13 @@ class LearnerGroup {
   std::function<bool(const Evaluation&)> evaluated_;
   std::vector<TunerStep> history_;
   bool tuned_ = false;
-  // What the latest learners of each thread count had learned (their first executor's profiles
-  // and schedule): a replica rebuilt at that count starts from it instead of profiling and trying
-  // schedules again (a learner count the tuner returns to, the way back after a failed growth).
-  std::map<int, ExecutorTuning> tunings_;
+  // What the latest group of each configuration (learners, threads each) had learned, from its
+  // first learner's executor (profiles, and the schedule once its trial chose): every replica of
+  // that configuration built again starts from it instead of profiling and trying schedules again
+  // (a configuration the tuner returns to: A B B A's last window, the way back after a failed
+  // growth). Keyed by the whole configuration: a trial chose among schedules under the contention
+  // of that many learners.
+  std::map<std::pair<int, int>, ExecutorTuning> tunings_;
   // With TrainOptions::trace_path: every learner's ops and the group's work. Declared before the
   // learners, whose plans record into it, so it outlives them.
   std::unique_ptr<Trace> trace_;

@@ -547,23 +547,24 @@ TEST(Learners, ExecutorTuningRunsCountDownToZero) {
   EXPECT_EQ(serial.executor_tuning_runs_left(), 0);  // nothing to profile under the serial policy
 }
 
-// A replica rebuilt at a thread count the group ran before adopts what that count's executor had
-// learned (Executor::adopt): returning to one learner of two threads after two of one runs no
-// profiling and no trial again, keeps the schedule and the trial's serial step (the tuner's
-// one-thread bound reads it), and so does the way back to two learners (their profiles).
-TEST(Learners, AConfigurationRebuiltAtAKnownThreadCountAdoptsItsExecutorsTuning) {
+// The replicas of a configuration the group ran before adopt what its executor had learned
+// (Executor::adopt): returning to one learner of two threads after two of one runs no profiling
+// and no trial again, keeps the schedule and the trial's serial step (the tuner's one-thread
+// bound reads it), and so does the way back to two learners (their profiles); one learner of one
+// thread, a configuration not run yet, profiles afresh.
+TEST(Learners, AConfigurationRunBeforeAdoptsItsExecutorsTuning) {
   Batches data(2 * 8);
   TrainOptions train = recipe();
   train.policy = "auto";
   train.profile_cache = "";
   LearnerGroup group(models::mlp(), train, LearnerOptions{1, 2, SmaOptions{}});
-  auto train_until_tuned = [&] {
+  auto train_until_tuned = [&] {  // true once the executors have profiled and chosen
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (group.executor_tuning_runs_left() > 0 && std::chrono::steady_clock::now() < deadline)
       group.round(data.images.data(), data.labels.data());
-    ASSERT_EQ(group.executor_tuning_runs_left(), 0);
+    return group.executor_tuning_runs_left() == 0;
   };
-  train_until_tuned();
+  ASSERT_TRUE(train_until_tuned());
   const Executor* lone = group.learner_executor(0);
   EXPECT_FALSE(lone->adopted());
   const std::string schedule = lone->chosen_schedule();
@@ -574,7 +575,7 @@ TEST(Learners, AConfigurationRebuiltAtAKnownThreadCountAdoptsItsExecutorsTuning)
   group.resize(2, 1);
   EXPECT_GT(group.executor_tuning_runs_left(), 0) << "one thread: never profiled yet";
   EXPECT_FALSE(group.learner_executor(0)->adopted());
-  train_until_tuned();
+  ASSERT_TRUE(train_until_tuned());
 
   group.resize(1, 2);
   EXPECT_EQ(group.executor_tuning_runs_left(), 0);
@@ -592,6 +593,11 @@ TEST(Learners, AConfigurationRebuiltAtAKnownThreadCountAdoptsItsExecutorsTuning)
   for (int j = 0; j < 2; ++j) {
     EXPECT_TRUE(group.learner_executor(j)->adopted()) << "learner " << j;
   }
+  // Another configuration at a known thread count tried its schedules under other contention:
+  // nothing to adopt.
+  group.resize(1, 1);
+  EXPECT_FALSE(group.learner_executor(0)->adopted());
+  EXPECT_GT(group.executor_tuning_runs_left(), 0);
 }
 
 TEST(Learners, StalenessOptionsAreChecked) {

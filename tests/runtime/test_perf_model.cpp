@@ -462,8 +462,42 @@ TEST(PerfModel, AnExecutorOfTheSamePlanAdoptsASettledOnesTuning) {
   EXPECT_FALSE(plain.adopt(*settled));
   EXPECT_FALSE(plain.tuning().has_value());
 
-  // Profiles only: no profiling, but the whole trial.
+  // The choice is run as it was tried: serial's one thread (width 1), and the model's schedule
+  // with the grants its trial ran, whatever the model would grant now (refreshed since).
+  auto choice = [&](int schedule, int grant) {  // the settled tuning, choosing `schedule` at one grant
+    ExecutorTuning tuning = *settled;
+    tuning.schedule = schedule;
+    tuning.grants.assign(tuning.grants.size(), grant);
+    return tuning;
+  };
+  Executor one_at_a_time(trainer->train_plan(), options);
+  ASSERT_TRUE(one_at_a_time.adopt(choice(3, 1)));
+  EXPECT_EQ(one_at_a_time.chosen_schedule(), "serial");
+  one_at_a_time.run();
+  EXPECT_EQ(one_at_a_time.peak_threads(), 1);
+  EXPECT_EQ(one_at_a_time.peak_running(), 1);
+  Executor model(trainer->train_plan(), options);
+  ASSERT_TRUE(model.adopt(choice(0, 2)));
+  EXPECT_EQ(model.chosen_schedule(), "model");
+  EXPECT_EQ(model.grants(), std::vector<int>(settled->grants.size(), 2));
+  // A choice this executor could not make is refused, changing nothing.
+  std::vector<ExecutorTuning> unsound(5, *settled);
+  unsound[0].schedule = 4;
+  unsound[1].verdicts.push_back(7);
+  unsound[2].trial_seconds[2].clear();
+  unsound[3].grants.pop_back();
+  unsound[4].grants[0] = 3;
+  for (size_t u = 0; u < unsound.size(); ++u) {
+    Executor fresh(trainer->train_plan(), options);
+    const int left = fresh.tuning_runs_left();
+    EXPECT_FALSE(fresh.adopt(unsound[u])) << "case " << u;
+    EXPECT_FALSE(fresh.adopted()) << "case " << u;
+    EXPECT_EQ(fresh.tuning_runs_left(), left) << "case " << u;
+  }
+
+  // Profiles only: no profiling, but the whole trial (also after a settled tuning was adopted).
   Executor third(trainer->train_plan(), options);
+  ASSERT_TRUE(third.adopt(*settled));
   ASSERT_TRUE(third.adopt(*profiles_only));
   EXPECT_TRUE(third.profiled());
   EXPECT_FALSE(third.tuned());
