@@ -81,11 +81,12 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
 
 void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state) {
   settle();
-  if (!learners_.empty()) refresh_average();
-  if (!learners_.empty())
+  if (!learners_.empty()) {
+    refresh_average();
     if (const Executor* executor = learners_.front()->trainer->executor())
       if (std::optional<ExecutorTuning> tuning = executor->tuning())
         tunings_[{this->learners(), threads_per_learner_}] = std::move(*tuning);
+  }
   if (learners < 1 || threads_per_learner < 1)
     throw Error(cat("learners: need at least 1 learner of 1 thread, got ", learners, " x ", threads_per_learner));
   if (learners < static_cast<int>(devices_.size()))
