@@ -33,6 +33,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   options.tune = command.learners_auto;
   options.threads_per_learner = learner_threads(command);
   if (command.alpha >= 0.0) options.sma.alpha = command.alpha;
+  if (command.mu_z >= 0.0) options.sma.mu_z = command.mu_z;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;
   options.scale_lr = command.scale_lr;

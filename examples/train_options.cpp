@@ -64,7 +64,7 @@ bool takes_value(const std::string& flag) {
   static const char* const kFlags[] = {
       "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
       "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
-      "--learners", "--threads-per-learner", "--alpha", "--sync", "--staleness", "--lr-scaling", "--checkpoint",
+      "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--lr-scaling", "--checkpoint",
       "--resume", "--profile-cache", "--trace", "--data"};
   for (const char* known : kFlags)
     if (flag == known) return true;
@@ -133,6 +133,8 @@ std::string train_usage() {
          "  --threads-per-learner T  threads of each learner (default: --threads split evenly;\n"
          "                         learners x T must fit in --threads)\n"
          "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
+         "  --mu-z X               SMA momentum of the average model's move, in [0, 1)\n"
+         "                         (default 0.9)\n"
          "  --sync sma|ssgd        how learners are kept consistent: sma (default) or synchronous\n"
          "                         SGD (gradients averaged, one update: k x batch B = batch kB)\n"
          "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
@@ -254,6 +256,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       double alpha = parse_number(flag, value);
       if (!(alpha >= 0.0 && alpha <= 1.0)) throw Error(cat("--alpha: must be in [0, 1], got '", value, "'"));
       command.alpha = alpha;
+    } else if (flag == "--mu-z") {
+      double mu_z = parse_number(flag, value);
+      if (!(mu_z >= 0.0 && mu_z < 1.0)) throw Error(cat("--mu-z: must be in [0, 1), got '", value, "'"));
+      command.mu_z = mu_z;
     } else if (flag == "--sync") {
       if (value != "sma" && value != "ssgd") throw Error(cat("--sync: expected sma or ssgd, got '", value, "'"));
       command.sync = value;
@@ -290,6 +296,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
   if (!multi && sync_given) throw Error("--sync: only with --learners (one model has nothing to synchronise)");
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
+  if (!multi && command.mu_z >= 0.0) throw Error("--mu-z: only with --learners");
+  if (command.sync == "ssgd" && command.mu_z >= 0.0) throw Error("--mu-z: an SMA option, not used with --sync ssgd");
   if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
   if (command.sync == "ssgd" && !command.train.device.is_cpu())
     throw Error("--sync ssgd: CPU learners only for now (CUDA learners average with SMA)");

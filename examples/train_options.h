@@ -21,6 +21,7 @@ struct TrainCommand {
   bool learners_auto = false;     // --learners auto: tuned while training
   int threads_per_learner = 0;    // 0: the cores split evenly among the learners
   double alpha = -1.0;            // SMA correction weight; negative: 1/k
+  double mu_z = -1.0;             // SMA: momentum of the average model's move; negative: 0.9
   std::string sync = "sma";
   int staleness = 0;              // the clock gate: learners up to this many rounds apart (0: synchronous)
   bool scale_lr = false;          // --lr-scaling linear: k learners at k x --lr

@@ -58,6 +58,9 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_FALSE(c.learners_auto);
   EXPECT_EQ(c.threads_per_learner, 1);
   EXPECT_DOUBLE_EQ(c.alpha, 0.25);
+  EXPECT_LT(c.mu_z, 0.0);  // not given: SmaOptions' default
+  EXPECT_DOUBLE_EQ(parse_train_command({"--learners", "2", "--mu-z", "0"}).mu_z, 0.0);
+  EXPECT_DOUBLE_EQ(parse_train_command({"--learners", "auto", "--mu-z", "0.95"}).mu_z, 0.95);
   EXPECT_EQ(c.checkpoint, "z.ckpt");
   EXPECT_EQ(c.resume, resume);
   std::remove(resume.c_str());
@@ -145,7 +148,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--momentum", "1.5"}, "--momentum"}, BadFlag{{"--batch"}, "--batch"},
                       BadFlag{{"--frobnicate", "1"}, "--frobnicate"}, BadFlag{{"--policy", "magic"}, "--policy"},
                       BadFlag{{"--learners", "0"}, "--learners"}, BadFlag{{"--learners", "many"}, "--learners"},
-                      BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--sync", "ssgd", "--alpha", "0.5"}, "--alpha"},
+                      BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--mu-z", "1"}, "--mu-z"},
+                      BadFlag{{"--learners", "2", "--mu-z", "-0.1"}, "--mu-z"}, BadFlag{{"--mu-z", "0.5"}, "--mu-z"},
+                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--mu-z", "0.5"}, "--mu-z"}, BadFlag{{"--learners", "2", "--sync", "ssgd", "--alpha", "0.5"}, "--alpha"},
                       BadFlag{{"--sync", "gossip"}, "--sync"}, BadFlag{{"--threads-per-learner", "2"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "4", "--threads-per-learner", "0"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "auto", "--threads-per-learner", "1"}, "--threads-per-learner"},
