@@ -8,7 +8,9 @@
 // evaluation that first reached the target. With --lr-scaling linear the auto run's k learners
 // train at k x lr (the linear scaling rule; k = 1, single-stream's case, unchanged). With --runs N
 // each model runs N pairs, single-stream then auto, alternated; the table gives medians and each
-// pair's ratio.
+// pair's ratio. --fixed K adds K learners fixed from the start (no tuning) to every run, after
+// auto: what the learners' average model needs in samples, without the tuner's one-learner start.
+// --seed S changes the seed of every run (initialisation and shuffling).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,10 +82,11 @@ std::string cell(const std::vector<Outcome>& runs) {
              seconds.size() == runs.size() ? cat(runs.size()) : cat(seconds.size(), " of ", runs.size(), " reached"));
 }
 
-// single / auto of each pair ("-" where neither reached the target, "auto missed" or "single
-// missed" where one did not) and, over several, their median, a miss counting as a ratio beyond
-// every measured one on its side.
-std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Outcome>& learners) {
+// single / `other` of each pair ("-" where neither reached the target, "<other> missed" or
+// "single missed" where one did not) and, over several, their median, a miss counting as a ratio
+// beyond every measured one on its side.
+std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Outcome>& learners,
+                       const std::string& other = "auto") {
   std::string each;
   std::vector<double> ratios;
   for (size_t r = 0; r < single.size(); ++r) {
@@ -93,7 +96,7 @@ std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Out
       ratios.push_back(single[r].seconds / learners[r].seconds);
       text = fixed(ratios.back(), 2);
     } else if (one) {
-      ratios.push_back(0.0), text = "auto missed";
+      ratios.push_back(0.0), text = cat(other, " missed");
     } else if (many) {
       ratios.push_back(std::numeric_limits<double>::infinity()), text = "single missed";
     }
@@ -107,7 +110,8 @@ std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Out
   const double low = ratios[(n - 1) / 2], high = ratios[n / 2];
   const bool miss = low == 0.0 || std::isinf(high);
   const double median = n % 2 == 1 || miss ? low : 0.5 * (low + high);
-  const std::string middle = median == 0.0 ? "auto missed" : std::isinf(median) ? "single missed" : fixed(median, 2);
+  const std::string middle =
+      median == 0.0 ? cat(other, " missed") : std::isinf(median) ? "single missed" : fixed(median, 2);
   return cat(each, " (median **", middle, "**", ratios.size() < single.size() ? cat(" of ", ratios.size()) : "", ")");
 }
 
@@ -134,6 +138,9 @@ constexpr char kUsage[] =
     "                    lr (the linear scaling rule); default none: lr 0.01 whatever k\n"
     "  --runs N          pairs of runs per model, single-stream then auto (default 1): the\n"
     "                    table gives the medians and every pair's ratio\n"
+    "  --fixed K         also train K learners fixed from the start (cores split evenly, no\n"
+    "                    tuning) in every run, after auto (default 0: not)\n"
+    "  --seed S          seed of every run (default 1)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -149,6 +156,8 @@ int main(int argc, char** argv) {
   bool bound = true;
   bool scale_lr = false;
   int runs = 1;
+  int fixed_learners = 0;
+  uint64_t seed = TrainOptions{}.seed;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -175,12 +184,16 @@ int main(int argc, char** argv) {
         scale_lr = value == "linear";
       } else if (flag == "--runs") {
         runs = bench::to_int(flag, value, 100);
+      } else if (flag == "--fixed") {
+        fixed_learners = bench::to_int(flag, value, 256, 0);
+      } else if (flag == "--seed") {
+        seed = static_cast<uint64_t>(bench::to_int(flag, value, std::numeric_limits<int>::max(), 0));
       } else if (flag == "--staleness") {
         staleness = bench::to_int(flag, value, kMaxStaleness, 0);
       } else {
         throw Error(cat("unknown option '", flag,
                         "' (--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
-                        " --runs --output)"));
+                        " --runs --fixed --seed --output)"));
       }
     }
     bench::check_staleness_on(device, staleness > 0);
@@ -191,7 +204,11 @@ int main(int argc, char** argv) {
   try {
     const std::string dir = default_fashion_mnist_dir();
     Dataset train = load_fashion_mnist(dir, Split::Train), test = load_fashion_mnist(dir, Split::Test);
-    std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |\n|---|---|---|---|---|---|\n";
+    const int fixed_threads = std::max(1, available_cores() / std::max(1, fixed_learners));
+    const std::string fixed_name = cat(bench::configuration_cell(fixed_learners, fixed_threads, device), " fixed");
+    std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |";
+    table += fixed_learners > 0 ? cat(" ", fixed_name, " | single / fixed |\n|---|---|---|---|---|---|---|---|\n")
+                                : std::string("\n|---|---|---|---|---|---|\n");
     for (const std::string& name : names) {
       const double target = name == "mlp" ? 0.85 : name == "cnn" ? 0.86 : 0.80;
       TrainOptions options;
@@ -199,9 +216,10 @@ int main(int argc, char** argv) {
       options.epochs = max_epochs;
       options.batch = batch;
       options.device = device;
+      options.seed = seed;
       const int64_t per_epoch = train.count / options.batch;  // the batcher's full batches
       options.eval_every = std::max<int64_t>(1, per_epoch / evals_per_epoch);
-      std::vector<Outcome> singles, autos;
+      std::vector<Outcome> singles, autos, fixeds;
       std::vector<std::string> choices;  // auto's, in order of first appearance, with counts below
       std::vector<int> counts;
       for (int r = 1; r <= runs; ++r) {
@@ -238,15 +256,29 @@ int main(int argc, char** argv) {
           choices.push_back(choice), counts.push_back(1);
         else
           ++counts[known - choices.begin()];
+        if (fixed_learners > 0) {
+          std::printf("%s: %s%s\n", name.c_str(), fixed_name.c_str(), run_name.c_str());
+          LearnerOptions fixed_options;
+          fixed_options.learners = fixed_learners;
+          fixed_options.threads_per_learner = fixed_threads;
+          fixed_options.staleness = staleness;
+          fixed_options.scale_lr = scale_lr;
+          LearnerGroup group(models::by_name(name), options, fixed_options);
+          fixeds.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
+        }
         if (runs > 1)
-          std::printf("    run %d: single / auto %s\n", r,
-                      ratio_cell({singles.back()}, {autos.back()}).c_str());
+          std::printf("    run %d: single / auto %s%s\n", r, ratio_cell({singles.back()}, {autos.back()}).c_str(),
+                      fixed_learners > 0
+                          ? cat(", single / fixed ", ratio_cell({singles.back()}, {fixeds.back()}, "fixed")).c_str()
+                          : "");
       }
       std::string choice;
       for (size_t c = 0; c < choices.size(); ++c)
         choice += cat(c == 0 ? "" : ", ", choices[c], runs == 1 ? std::string() : cat(" (", counts[c], " of ", runs, ")"));
       std::string row = cat("| ", name, " | ", 100 * target, "% | ", cell(singles), " | ", cell(autos), " | ", choice,
-                            " | ", ratio_cell(singles, autos), " |\n");
+                            " | ", ratio_cell(singles, autos), " |");
+      if (fixed_learners > 0) row += cat(" ", cell(fixeds), " | ", ratio_cell(singles, fixeds, "fixed"), " |");
+      row += "\n";
       table += row;
       std::printf("%s", row.c_str());
     }
