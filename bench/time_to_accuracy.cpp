@@ -219,6 +219,18 @@ int main(int argc, char** argv) {
       options.seed = seed;
       const int64_t per_epoch = train.count / options.batch;  // the batcher's full batches
       options.eval_every = std::max<int64_t>(1, per_epoch / evals_per_epoch);
+      // k learners of `threads` each (tuned from there when `tune`), under the bench's options.
+      auto learner_options = [&](int k, int threads, bool tune) {
+        LearnerOptions learners;
+        learners.learners = k;
+        learners.threads_per_learner = threads;
+        learners.tune = tune;
+        learners.staleness = staleness;
+        learners.tune_cut_short = cut_short;
+        learners.tune_bound = bound;
+        learners.scale_lr = scale_lr;
+        return learners;
+      };
       std::vector<Outcome> singles, autos, fixeds;
       std::vector<std::string> choices;  // auto's, in order of first appearance, with counts below
       std::vector<int> counts;
@@ -228,42 +240,31 @@ int main(int argc, char** argv) {
         Trainer single(models::by_name(name), options);
         singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
         std::printf("%s: learners auto%s\n", name.c_str(), run_name.c_str());
-        LearnerOptions learners;
-        learners.learners = 1;
-        learners.threads_per_learner = available_cores();
-        learners.tune = true;
-        learners.staleness = staleness;
-        learners.tune_cut_short = cut_short;
-        learners.tune_bound = bound;
-        learners.scale_lr = scale_lr;
-        LearnerGroup group(models::by_name(name), options, learners);
-        autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
-        std::string windows;  // what the tuner measured (or bounded) and kept, for the log
-        for (const TunerStep& step : group.tuner_history())
-          windows += cat(windows.empty() ? "" : "; ",
-                         bench::configuration_cell(step.learners, step.threads_per_learner, device),
-                         step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
-                         step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "", step.leap ? " (leap)" : "");
-        std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
-        const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
-        // Unsettled: the configuration training ended with (the tuner was still measuring it).
-        const int ended_with = group.tuned() ? chosen.learners : group.learners();
-        const int threads = group.tuned() ? chosen.threads_per_learner : group.threads_per_learner();
-        const std::string choice =
-            cat(bench::configuration_cell(ended_with, threads, device), group.tuned() ? "" : " (tuner not settled)");
-        const auto known = std::find(choices.begin(), choices.end(), choice);
-        if (known == choices.end())
-          choices.push_back(choice), counts.push_back(1);
-        else
-          ++counts[known - choices.begin()];
+        {  // the auto group is gone before the fixed one starts
+          LearnerGroup group(models::by_name(name), options, learner_options(1, available_cores(), true));
+          autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
+          std::string windows;  // what the tuner measured (or bounded) and kept, for the log
+          for (const TunerStep& step : group.tuner_history())
+            windows += cat(windows.empty() ? "" : "; ",
+                           bench::configuration_cell(step.learners, step.threads_per_learner, device),
+                           step.bounded ? " not run, at most " : " ", static_cast<int>(step.samples_per_second), "/s",
+                           step.cut_short ? " (cut short)" : "", step.again ? " (again)" : "", step.leap ? " (leap)" : "");
+          std::printf("    tuner: %s%s\n", windows.c_str(), group.tuned() ? " (the last: kept)" : " (not settled)");
+          const TunerStep chosen = group.tuner_history().empty() ? TunerStep{} : group.tuner_history().back();
+          // Unsettled: the configuration training ended with (the tuner was still measuring it).
+          const int ended_with = group.tuned() ? chosen.learners : group.learners();
+          const int threads = group.tuned() ? chosen.threads_per_learner : group.threads_per_learner();
+          const std::string choice =
+              cat(bench::configuration_cell(ended_with, threads, device), group.tuned() ? "" : " (tuner not settled)");
+          const auto known = std::find(choices.begin(), choices.end(), choice);
+          if (known == choices.end())
+            choices.push_back(choice), counts.push_back(1);
+          else
+            ++counts[known - choices.begin()];
+        }
         if (fixed_learners > 0) {
           std::printf("%s: %s%s\n", name.c_str(), fixed_name.c_str(), run_name.c_str());
-          LearnerOptions fixed_options;
-          fixed_options.learners = fixed_learners;
-          fixed_options.threads_per_learner = fixed_threads;
-          fixed_options.staleness = staleness;
-          fixed_options.scale_lr = scale_lr;
-          LearnerGroup group(models::by_name(name), options, fixed_options);
+          LearnerGroup group(models::by_name(name), options, learner_options(fixed_learners, fixed_threads, false));
           fixeds.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
         }
         if (runs > 1)
