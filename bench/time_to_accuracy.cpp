@@ -1,16 +1,16 @@
 // quiver-bench-time-to-accuracy: wall time until the test accuracy reaches a target, single-stream
 // (one model, all cores, auto policy) vs learners tuned while training (--learners auto, SMA);
 // with --device cuda, one CUDA stream vs learners on streams of that GPU.
-// Rules, the same for both: SGD lr 0.01, momentum 0.9, batch 64 per learner (--batch), seed 1, no schedule
+// Rules, the same for every run: SGD lr 0.01, momentum 0.9, batch 64 per learner (--batch), seed 1 (--seed), no schedule
 // change; the test set is evaluated --evals-per-epoch times an epoch (every that fraction of an
 // epoch's batches, every learner's counted, and at each epoch's end; evaluation time excluded
 // from the clock); stop at the target or after --max-epochs. Time is training time up to the
-// evaluation that first reached the target. With --lr-scaling linear the auto run's k learners
-// train at k x lr (the linear scaling rule; k = 1, single-stream's case, unchanged). With --runs N
-// each model runs N pairs, single-stream then auto, alternated; the table gives medians and each
-// pair's ratio. --fixed K adds K learners fixed from the start (no tuning) to every run, after
-// auto: what the learners' average model needs in samples, without the tuner's one-learner start.
-// --seed S changes the seed of every run (initialisation and shuffling).
+// evaluation that first reached the target. --fixed K adds K learners fixed from the start (no
+// tuning) after auto: what the learners' average model needs in samples, without the tuner's
+// one-learner start. With --lr-scaling linear the learner runs' k learners train at k x lr (the
+// linear scaling rule; k = 1, single-stream's case, unchanged). With --runs N each model runs N
+// times, single-stream then auto (then fixed), alternated; the table gives medians and each run's
+// ratios to single-stream. --seed S changes the seed of every run (initialisation and shuffling).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -120,7 +120,8 @@ std::string ratio_cell(const std::vector<Outcome>& single, const std::vector<Out
 constexpr char kUsage[] =
     "usage: quiver-bench-time-to-accuracy [options]\n"
     "Wall time until the test accuracy reaches MLP 85%, CNN 86%, LSTM 80%: single-stream vs\n"
-    "--learners auto (SGD lr 0.01, momentum 0.9, batch 64 per learner, seed 1).\n"
+    "--learners auto (SGD lr 0.01, momentum 0.9, batch 64 per learner, seed 1), and with\n"
+    "--fixed K, K learners fixed from the start.\n"
     "\n"
     "  --models LIST     comma-separated, of mlp,cnn,lstm (default all three)\n"
     "  --batch B         batch size of single-stream and of every learner (default 64)\n"
@@ -128,18 +129,19 @@ constexpr char kUsage[] =
     "  --evals-per-epoch E  evaluate the test set E times an epoch (default 20: a coarser grid\n"
     "                    rounds each time up to its next evaluation)\n"
     "  --device D        cpu (default: all cores), cuda or cuda:N (a learner is one CUDA stream)\n"
-    "  --staleness S     the auto run's clock gate: 0 = synchronous rounds (default), S > 0 =\n"
+    "  --staleness S     the learner runs' clock gate: 0 = synchronous rounds (default), S > 0 =\n"
     "                    learners up to S rounds apart (CPU only)\n"
     "  --cut-short on|off  the tuner ends a clearly slower configuration's window after a\n"
     "                    quarter of it (default on; off: every window in full)\n"
     "  --bound on|off    the tuner does not run one-thread learners whose samples/s, estimated\n"
     "                    from the serial step the executor timed, is no gain (default on)\n"
-    "  --lr-scaling none|linear  the auto run's learning rate: linear trains k learners at k x\n"
+    "  --lr-scaling none|linear  the learner runs' learning rate: linear trains k learners at k x\n"
     "                    lr (the linear scaling rule); default none: lr 0.01 whatever k\n"
-    "  --runs N          pairs of runs per model, single-stream then auto (default 1): the\n"
-    "                    table gives the medians and every pair's ratio\n"
-    "  --fixed K         also train K learners fixed from the start (cores split evenly, no\n"
-    "                    tuning) in every run, after auto (default 0: not)\n"
+    "  --runs N          runs per model, single-stream then auto (then fixed), alternated\n"
+    "                    (default 1): the table gives the medians and every run's ratios\n"
+    "  --fixed K         also train K >= 2 learners fixed from the start (on the CPU the cores\n"
+    "                    split evenly, at most one learner a core; no tuning) in every run,\n"
+    "                    after auto (default 0: not)\n"
     "  --seed S          seed of every run (default 1)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
@@ -186,6 +188,8 @@ int main(int argc, char** argv) {
         runs = bench::to_int(flag, value, 100);
       } else if (flag == "--fixed") {
         fixed_learners = bench::to_int(flag, value, 256, 0);
+        // One learner with the default alpha is single-stream training again (LearnerGroup::alone()).
+        if (fixed_learners == 1) throw Error("--fixed: 1 learner trains as single-stream does; give 2 or more (0: none)");
       } else if (flag == "--seed") {
         seed = static_cast<uint64_t>(bench::to_int(flag, value, std::numeric_limits<int>::max(), 0));
       } else if (flag == "--staleness") {
@@ -197,6 +201,8 @@ int main(int argc, char** argv) {
       }
     }
     bench::check_staleness_on(device, staleness > 0);
+    if (device.is_cpu() && fixed_learners > available_cores())
+      throw Error(cat("--fixed: ", fixed_learners, " learners need a core each; ", available_cores(), " are available"));
   } catch (const Error& error) {
     std::fprintf(stderr, "quiver-bench-time-to-accuracy: %s\n", error.what());
     return 2;

@@ -134,7 +134,7 @@ std::string train_usage() {
          "                         learners x T must fit in --threads)\n"
          "  --alpha X              SMA correction weight in [0, 1] (default 1/learners)\n"
          "  --mu-z X               SMA momentum of the average model's move, in [0, 1)\n"
-         "                         (default 0.9)\n"
+         "                         (default 0.9; with auto, once there are 2+ learners)\n"
          "  --sync sma|ssgd        how learners are kept consistent: sma (default) or synchronous\n"
          "                         SGD (gradients averaged, one update: k x batch B = batch kB)\n"
          "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
@@ -298,6 +298,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.sync == "ssgd" && command.alpha >= 0.0) throw Error("--alpha: an SMA option, not used with --sync ssgd");
   if (!multi && command.mu_z >= 0.0) throw Error("--mu-z: only with --learners");
   if (command.sync == "ssgd" && command.mu_z >= 0.0) throw Error("--mu-z: an SMA option, not used with --sync ssgd");
+  // One learner with the default alpha trains as single-stream does, with no SMA (LearnerGroup::alone()).
+  if (command.learners == 1 && !command.learners_auto && command.alpha < 0.0 && command.mu_z >= 0.0)
+    throw Error("--mu-z: one learner with the default --alpha has no average model to move (give --alpha, or 2+ learners)");
   if (command.sync == "ssgd" && command.train.optimizer != "sgd") throw Error("--sync ssgd: needs --optimizer sgd");
   if (command.sync == "ssgd" && !command.train.device.is_cpu())
     throw Error("--sync ssgd: CPU learners only for now (CUDA learners average with SMA)");
@@ -336,7 +339,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.device.is_cpu() && command.learners > command.train.threads)
     throw Error(cat("--learners ", command.learners, ": a thread each at least, more than --threads ",
                     command.train.threads));
-  if (multi && command.alpha == 0.0 && (command.learners > 1 || command.learners_auto))
+  // One learner too: it trains as plain momentum SGD, but z, what is reported, stays put.
+  if (multi && command.alpha == 0.0)
     command.warnings.push_back(
         "--alpha 0: the learners never pull toward the average model, and it never moves from its "
         "initial value (what is evaluated and checkpointed)");

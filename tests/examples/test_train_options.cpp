@@ -61,6 +61,7 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_LT(c.mu_z, 0.0);  // not given: SmaOptions' default
   EXPECT_DOUBLE_EQ(parse_train_command({"--learners", "2", "--mu-z", "0"}).mu_z, 0.0);
   EXPECT_DOUBLE_EQ(parse_train_command({"--learners", "auto", "--mu-z", "0.95"}).mu_z, 0.95);
+  EXPECT_DOUBLE_EQ(parse_train_command({"--learners", "1", "--alpha", "0.5", "--mu-z", "0.5"}).mu_z, 0.5);  // SMA on
   EXPECT_EQ(c.checkpoint, "z.ckpt");
   EXPECT_EQ(c.resume, resume);
   std::remove(resume.c_str());
@@ -97,7 +98,9 @@ TEST(TrainOptions, WarnsThatAlphaZeroLeavesTheAverageModelStill) {
   };
   EXPECT_EQ(alpha_warnings({"--learners", "2", "--alpha", "0"}), 1);
   EXPECT_EQ(alpha_warnings({"--learners", "auto", "--alpha", "0"}), 1);
-  EXPECT_EQ(alpha_warnings({"--learners", "1", "--alpha", "0"}), 0);  // plain SGD: z is w
+  // One learner under SMA with alpha 0 trains as plain momentum SGD, but z, which is reported, stays put.
+  EXPECT_EQ(alpha_warnings({"--learners", "1", "--alpha", "0"}), 1);
+  EXPECT_EQ(alpha_warnings({"--learners", "1"}), 0);  // no SMA at all: z is the learner's model
   EXPECT_EQ(alpha_warnings({"--learners", "2", "--alpha", "0.5"}), 0);
 }
 
@@ -150,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "0"}, "--learners"}, BadFlag{{"--learners", "many"}, "--learners"},
                       BadFlag{{"--alpha", "1.5"}, "--alpha"}, BadFlag{{"--learners", "2", "--mu-z", "1"}, "--mu-z"},
                       BadFlag{{"--learners", "2", "--mu-z", "-0.1"}, "--mu-z"}, BadFlag{{"--mu-z", "0.5"}, "--mu-z"},
-                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--mu-z", "0.5"}, "--mu-z"}, BadFlag{{"--learners", "2", "--sync", "ssgd", "--alpha", "0.5"}, "--alpha"},
+                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--mu-z", "0.5"}, "--mu-z"},
+                      BadFlag{{"--learners", "1", "--mu-z", "0.5"}, "--mu-z"}, BadFlag{{"--learners", "2", "--sync", "ssgd", "--alpha", "0.5"}, "--alpha"},
                       BadFlag{{"--sync", "gossip"}, "--sync"}, BadFlag{{"--threads-per-learner", "2"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "4", "--threads-per-learner", "0"}, "--threads-per-learner"},
                       BadFlag{{"--learners", "auto", "--threads-per-learner", "1"}, "--threads-per-learner"},
