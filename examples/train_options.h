@@ -19,7 +19,7 @@ struct TrainCommand {
   // Multi-learner training (SMA): learners 0 trains one model on one stream (no SMA).
   int learners = 0;
   bool learners_auto = false;     // --learners auto: tuned while training
-  int threads_per_learner = 0;    // 0: the cores split evenly among the learners
+  int threads_per_learner = 0;    // 0: --threads (default: the cores) split evenly among the learners
   double alpha = -1.0;            // SMA correction weight; negative: 1/k
   double mu_z = -1.0;             // SMA: momentum of the average model's move; negative: 0.9
   std::string sync = "sma";

@@ -10,7 +10,8 @@
 //   intra   one op at a time on all threads (TensorFlow's recommended setting on one socket).
 //   fixed   `inter` ops side by side, `intra` threads each (TensorFlow's inter/intra-op pools).
 //   auto    the performance model decides: the first steps profile every op key at thread
-//           counts 1..P (one op at a time, several samples each, unless the profile cache has
+//           counts 1..min(P, 8), then doubling, and P (PerfModel::profiled_counts; one op at a
+//           time, several samples each, unless the profile cache has
 //           them); then each op is granted the fewest threads predicted within `grant_tolerance`
 //           of its best, ops co-run on disjoint budgets summing to at most P, and a grant is
 //           shrunk to the free threads when starting now is predicted to finish sooner than

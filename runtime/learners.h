@@ -2,7 +2,8 @@
 // synchronous model averaging (Crossbow; DESIGN.md section 3, "Learners and SMA"). A learner owns
 // one replica's flat buffers (parameters, gradients, momentum) through its own Trainer, a
 // pre-step snapshot of its parameters, its compiled plan and executor (the thread budget it was
-// granted), and a stream on which its steps run. A round gives every learner one batch, runs the
+// granted), and a stream on which its steps run (learner 0's run on the calling thread, which
+// would otherwise only wait). A round gives every learner one batch, runs the
 // k steps at once, waits, then applies SMA; z, the average model, is what is evaluated.
 //
 // fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
@@ -118,7 +119,8 @@ class LearnerGroup {
   int learners() const { return static_cast<int>(learners_.size()); }
   int threads_per_learner() const { return threads_per_learner_; }
   // Rebuilds the group as k learners of `threads` threads each, every replica starting from z with
-  // the optimizer state (momentum) of an old replica (new learner j takes old learner j mod k's),
+  // the optimizer state (momentum) of an old replica (new learner j takes that of old learner j mod
+// the old count),
   // so a change of configuration does not restart the momentum.
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
   void resize(int learners, int threads_per_learner);
@@ -183,7 +185,7 @@ class LearnerGroup {
   struct Learner {
     std::unique_ptr<Trainer> trainer;
     Tensor snapshot;  // parameters before this round's step (s_j)
-    std::atomic<double> loss = 0.0;  // of its latest step (written on its stream)
+    std::atomic<double> loss = 0.0;  // of its latest step (written by the thread that ran it)
     CpuStream stream;
   };
   void build(int learners, int threads_per_learner, bool carry_state = false);

@@ -48,7 +48,6 @@ class PerfModel {
   int samples(const std::string& key, int threads) const;
   // Every profiled count has at least `per_count` samples (a cached median counts as enough).
   bool complete(const std::string& key, int per_count) const;
-  bool knows(const std::string& key) const { return entries_.count(key) > 0; }
   // Fits every key from the medians of its samples.
   void fit();
   double predict(const std::string& key, int threads) const;

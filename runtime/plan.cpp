@@ -79,8 +79,6 @@ Plan::~Plan() {
   device_graph_.reset();
 }
 
-int Plan::threads() const { return context_->threads(); }
-
 void Plan::bind_values(ParamStore& store) {
   for (const ValueInfo& info : graph_.values()) {
     switch (info.role) {

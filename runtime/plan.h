@@ -97,7 +97,6 @@ class Plan {
   int64_t workspace_bytes() const { return workspace_bytes_; }
   // The plan's own input tensors (a batch of images, labels, the learning rate).
   int64_t input_bytes() const { return input_bytes_; }
-  int threads() const;
   // Device graphs: whether run() replays a captured graph now, and why not when capture failed.
   bool replaying_graph() const { return device_graph_ != nullptr; }
   const std::string& device_graph_failure() const { return device_graph_failure_; }

@@ -47,11 +47,6 @@ void Trace::record(TraceEvent event) {
   events_.push_back(std::move(event));
 }
 
-size_t Trace::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return events_.size();
-}
-
 std::vector<TraceEvent> Trace::events() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return events_;

@@ -2,9 +2,10 @@
 // per op run with its node, op, kernel, thread, granted threads and step; opens in Perfetto or
 // chrome://tracing. Recording is thread-safe, so concurrent executors can share one Trace.
 // A learner group's trace puts each learner's ops in a process row of its own ("learner j",
-// pid j + 2) and the group's own work (the feeder's hand-over of batches, the SMA pass) in the
-// "training loop" row (pid 1), where a single model's ops go too; under a staleness bound each
-// learner absorbs its own correction, so "sma absorb" is in that learner's row. A traced plan
+// pid j + 2) and the group's own work (the feeder's hand-over of batches; on a GPU the SMA pass,
+// and synchronous SGD's update) in the "training loop" row (pid 1), where a single model's ops go
+// too. On the CPU each learner runs its share of the SMA pass ("sma round") on its own threads,
+// and under a staleness bound absorbs its own correction ("sma absorb"): both in its own row. A traced plan
 // runs eagerly (no CUDA graph replay), so a traced run on a GPU is not a timing reference.
 // Written atomically (temporary file, then rename): a crash never leaves half a trace.
 #pragma once
@@ -35,7 +36,6 @@ class Trace {
   Trace() : origin_(std::chrono::steady_clock::now()) {}
   int64_t now_us() const;
   void record(TraceEvent event);
-  size_t size() const;
   std::vector<TraceEvent> events() const;  // a copy, in recording order
   std::string json() const;
   // Throws quiver::Error naming the path when it cannot be written.

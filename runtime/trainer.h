@@ -157,7 +157,8 @@ class Trainer {
   // The workspace the trainer's stream grows to when its plans run: both plans share the stream,
   // so the larger of their largest requests (Plan::workspace_bytes; 0 on the CPU).
   int64_t workspace_bytes() const;
-  // The executor running the training plan; nullptr when the policy is empty (Plan::run).
+  // The executor running the training plan; nullptr when the policy is empty (Plan::run) and on a
+  // CUDA device, where the plan's kernels are queued on the stream instead.
   const Executor* executor() const { return executor_.get(); }
   // Before the first step: the executor starts from `tuning` (Executor::adopt). False, changing
   // nothing, without an executor or where the tuning is another plan's or thread count's.

@@ -327,6 +327,41 @@ TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
   EXPECT_THROW(Trainer(models::mlp(), options), Error);
 }
 
+// The epoch callback sees each epoch's report as fit() returns it, and false stops training there.
+TEST(Trainer, EpochCallbackSeesEachEpochAndCanStop) {
+  const Dataset train = synthetic(40, 3), test = synthetic(12, 4);
+  TrainOptions options;
+  options.batch = 4;  // 10 batches an epoch
+  options.eval_batch = 4;
+  options.epochs = 3;
+  options.policy = "serial";
+  Trainer trainer(models::mlp(), options);
+  std::vector<EpochReport> seen;
+  trainer.on_epoch([&](const EpochReport& e) {
+    seen.push_back(e);
+    return true;
+  });
+  const TrainReport report = trainer.fit(train, &test);
+  ASSERT_EQ(seen.size(), 3u);
+  ASSERT_EQ(report.epochs.size(), 3u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].epoch, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(seen[i].steps, 10);
+    EXPECT_EQ(seen[i].mean_loss, report.epochs[i].mean_loss);
+    EXPECT_EQ(seen[i].test_accuracy, report.epochs[i].test_accuracy);
+    EXPECT_GE(seen[i].test_accuracy, 0.0) << "evaluated before the callback runs";
+  }
+  EXPECT_EQ(report.final_loss, report.epochs.back().mean_loss);
+
+  Trainer stopped(models::mlp(), options);
+  int calls = 0;
+  stopped.on_epoch([&](const EpochReport&) { return ++calls < 2; });
+  const TrainReport part = stopped.fit(train, &test);
+  EXPECT_EQ(calls, 2) << "no epoch after the callback said stop";
+  EXPECT_EQ(part.epochs.size(), 2u);
+  EXPECT_EQ(part.steps, 20);
+}
+
 TEST(Trainer, EvaluateRejectsAnInconsistentDataset) {
   TrainOptions options;
   options.batch = 4;
