@@ -209,6 +209,7 @@ void LearnerGroup::settle() const {
 
 const Tensor& LearnerGroup::average() const {
   settle();
+  if (device_sma_) device_sma_->drain();  // a host read of z must see the last round's SMA
   refresh_average();
   return average_->params().flat_params();
 }
@@ -634,10 +635,8 @@ void LearnerGroup::ssgd_update() {
 }
 
 void LearnerGroup::save(const std::string& path) const {
-  settle();
-  refresh_average();
-  if (device_sma_) device_sma_->drain();
-  save_checkpoint(path, average_->params(), average(), CheckpointInfo{model_.name, rounds_done_, epochs_done_});
+  const Tensor& z = average();  // every learner settled, the device SMA drained
+  save_checkpoint(path, average_->params(), z, CheckpointInfo{model_.name, rounds_done_, epochs_done_});
 }
 
 void LearnerGroup::load(const std::string& path) {

@@ -158,7 +158,8 @@ class LearnerGroup {
   double round(const float* images, const int32_t* labels);
   // The same with learner j's batch at images[j] / labels[j] (k pointers each): no gathering copy.
   double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
-  // z, the average model, as a flat buffer shaped like every replica's parameters.
+  // z, the average model, as a flat buffer shaped like every replica's parameters. Waits for every
+  // learner and, on a GPU, for the SMA's sync streams, so the caller may read it at once.
   const Tensor& average() const;
   ParamStore& replica(int j) {
     settle();  // a learner behind under a staleness bound may be writing it
