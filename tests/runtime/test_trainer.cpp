@@ -275,16 +275,22 @@ TEST(Trainer, ATestSetThatDoesNotFitIsRefusedBeforeTraining) {
   EXPECT_EQ(refused(models::mlp(), reshaped), "accepted");  // the MLP takes 784 values in a row
 }
 
+// A serial fit() of batch 4 (10 batches an epoch of synthetic(40, ...)) for the callbacks' tests.
+TrainOptions small_fit_options(int64_t epochs) {
+  TrainOptions options;
+  options.batch = 4;
+  options.eval_batch = 4;
+  options.epochs = epochs;
+  options.policy = "serial";
+  return options;
+}
+
 // --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
 // two coincide), with training time that leaves the evaluations out; the callback can stop it.
 TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
   const Dataset train = synthetic(40, 3), test = synthetic(12, 4);
-  TrainOptions options;
-  options.batch = 4;  // 10 batches an epoch
-  options.eval_batch = 4;
-  options.epochs = 2;
+  TrainOptions options = small_fit_options(2);
   options.eval_every = 3;
-  options.policy = "serial";
   Trainer trainer(models::mlp(), options);
   std::vector<Evaluation> seen;
   trainer.on_evaluation([&](const Evaluation& e) {
@@ -330,11 +336,7 @@ TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
 // The epoch callback sees each epoch's report as fit() returns it, and false stops training there.
 TEST(Trainer, EpochCallbackSeesEachEpochAndCanStop) {
   const Dataset train = synthetic(40, 3), test = synthetic(12, 4);
-  TrainOptions options;
-  options.batch = 4;  // 10 batches an epoch
-  options.eval_batch = 4;
-  options.epochs = 3;
-  options.policy = "serial";
+  const TrainOptions options = small_fit_options(3);
   Trainer trainer(models::mlp(), options);
   std::vector<EpochReport> seen;
   trainer.on_epoch([&](const EpochReport& e) {
