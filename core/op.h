@@ -30,6 +30,9 @@ class ExecContext {
   // Bytes of the scratch workspace the context's kernels share now (a device stream's; 0 where
   // there is none): what the largest request so far grew it to (KernelSpec::workspace_bytes).
   virtual int64_t workspace_size() const { return 0; }
+  // Bytes the context itself holds on its device for as long as it lives, beside that scratch (a
+  // device stream and its libraries' handles): a footprint counts them once per stream.
+  virtual int64_t resident_bytes() const { return 0; }
 };
 
 // One thread, no pool: what tests and the serial policy use.

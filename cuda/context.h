@@ -37,6 +37,8 @@ class StreamContext final : public ExecContext {
   // (work on one stream is ordered, so one buffer suffices). Valid until the next call.
   void* workspace(int64_t bytes) const;
   int64_t workspace_size() const override { return workspace_bytes_; }
+  // What the stream and its cuBLAS and cuDNN handles hold on the device (measured once per device).
+  int64_t resident_bytes() const override { return resident_bytes_; }
   // Counts the workspace's moves: a CUDA graph captured with one workspace is stale after a move.
   int64_t workspace_generation() const { return workspace_generation_; }
   // Pinned host memory for staging copies: a ring of buffers used in turn, each with an event
@@ -61,6 +63,7 @@ class StreamContext final : public ExecContext {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
+  int64_t resident_bytes_ = 0;
   mutable void* workspace_ = nullptr;
   mutable int64_t workspace_bytes_ = 0;
   mutable int64_t workspace_generation_ = 0;

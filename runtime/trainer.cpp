@@ -129,7 +129,8 @@ int64_t Trainer::memory_bytes() const {
   int64_t bytes = (2 + states) * store_->flat_size() * static_cast<int64_t>(sizeof(float));
   for (const Plan* plan : {train_plan_.get(), eval_plan_.get()})
     bytes += plan->input_bytes() + plan->activation_bytes() + plan->kernel_bytes();
-  return bytes + workspace_bytes();
+  // Both plans share one context (one stream on a device): its own buffers count once.
+  return bytes + workspace_bytes() + train_plan_->context().resident_bytes();
 }
 
 int64_t Trainer::workspace_bytes() const {

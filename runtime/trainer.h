@@ -151,7 +151,7 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   // Bytes this trainer holds: parameters, gradients and optimizer state, both plans' inputs and
   // activations, what their kernels allocated for themselves, and on a device the stream's
-  // workspace (workspace_bytes). An estimate from what was allocated, touched or not (a plan's
+  // workspace (workspace_bytes) and its own buffers (ExecContext::resident_bytes). An estimate from what was allocated, touched or not (a plan's
   // pages are touched when it first runs; the workspace is allocated then).
   int64_t memory_bytes() const;
   // The workspace the trainer's stream grows to when its plans run: both plans share the stream,
