@@ -8,7 +8,7 @@
 // evaluation that first reached the target. --fixed K adds K learners fixed from the start (no
 // tuning) after auto: what the learners' average model needs in samples, without the tuner's
 // one-learner start. With --lr-scaling linear the learner runs' k learners train at k x lr (the
-// linear scaling rule; k = 1, single-stream's case, unchanged). With --runs N each model runs N
+// linear scaling rule), with sqrt at sqrt(k) x lr (k = 1, single-stream's case, unchanged). With --runs N each model runs N
 // times, single-stream then auto (then fixed), alternated; the table gives medians and each run's
 // ratios to single-stream. --seed S changes the seed of every run (initialisation and shuffling).
 #include <algorithm>
@@ -135,8 +135,9 @@ constexpr char kUsage[] =
     "                    quarter of it (default on; off: every window in full)\n"
     "  --bound on|off    the tuner does not run one-thread learners whose samples/s, estimated\n"
     "                    from the serial step the executor timed, is no gain (default on)\n"
-    "  --lr-scaling none|linear  the learner runs' learning rate: linear trains k learners at k x\n"
-    "                    lr (the linear scaling rule); default none: lr 0.01 whatever k\n"
+    "  --lr-scaling none|linear|sqrt  the learner runs' learning rate: linear trains k learners\n"
+    "                    at k x lr (the linear scaling rule), sqrt at sqrt(k) x lr; default\n"
+    "                    none: lr 0.01 whatever k\n"
     "  --runs N          runs per model, single-stream then auto (then fixed), alternated\n"
     "                    (default 1): the table gives the medians and every run's ratios\n"
     "  --fixed K         also train K >= 2 learners fixed from the start (on the CPU the cores\n"
@@ -156,7 +157,7 @@ int main(int argc, char** argv) {
   int staleness = 0;
   bool cut_short = true;
   bool bound = true;
-  bool scale_lr = false;
+  LrScaling lr_scaling = LrScaling::None;
   int runs = 1;
   int fixed_learners = 0;
   uint64_t seed = TrainOptions{}.seed;
@@ -182,8 +183,9 @@ int main(int argc, char** argv) {
       } else if (flag == "--bound") {
         bound = bench::on_off(flag, value);
       } else if (flag == "--lr-scaling") {
-        if (value != "none" && value != "linear") throw Error(cat(flag, ": expected none or linear, got '", value, "'"));
-        scale_lr = value == "linear";
+        if (value != "none" && value != "linear" && value != "sqrt")
+          throw Error(cat(flag, ": expected none, linear or sqrt, got '", value, "'"));
+        lr_scaling = parse_lr_scaling(value);
       } else if (flag == "--runs") {
         runs = bench::to_int(flag, value, 100);
       } else if (flag == "--fixed") {
@@ -234,7 +236,7 @@ int main(int argc, char** argv) {
         learners.staleness = staleness;
         learners.tune_cut_short = cut_short;
         learners.tune_bound = bound;
-        learners.scale_lr = scale_lr;
+        learners.lr_scaling = lr_scaling;
         return learners;
       };
       std::vector<Outcome> singles, autos, fixeds;

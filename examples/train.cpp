@@ -36,7 +36,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   if (command.mu_z >= 0.0) options.sma.mu_z = command.mu_z;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;
-  options.scale_lr = command.scale_lr;
+  options.lr_scaling = command.lr_scaling;
   options.tune_cores = command.train.threads;
   const std::string sync =
       command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;

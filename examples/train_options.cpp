@@ -140,8 +140,9 @@ std::string train_usage() {
          "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
          "                         apart, each folding its correction into the average model as\n"
          "                         it finishes (default 0: synchronous rounds)\n"
-         "  --lr-scaling none|linear  with --learners: linear trains k learners at k x --lr (the\n"
-         "                         linear scaling rule; default none: every learner at --lr)\n"
+         "  --lr-scaling none|linear|sqrt  with --learners: linear trains k learners at k x --lr\n"
+         "                         (the linear scaling rule), sqrt at sqrt(k) x --lr; default\n"
+         "                         none: every learner at --lr\n"
          "  --checkpoint FILE      with --learners: save the average model there (atomic, checksummed)\n"
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
@@ -267,9 +268,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--staleness") {
       command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
     } else if (flag == "--lr-scaling") {
-      if (value != "none" && value != "linear")
-        throw Error(cat("--lr-scaling: expected none or linear, got '", value, "'"));
-      command.scale_lr = value == "linear";
+      if (value != "none" && value != "linear" && value != "sqrt")
+        throw Error(cat("--lr-scaling: expected none, linear or sqrt, got '", value, "'"));
+      command.lr_scaling = parse_lr_scaling(value);
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
       if (flag == "--checkpoint") check_writable(value, flag);  // a typo must not cost the training run
@@ -307,7 +308,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (momentum_given && command.train.optimizer != "sgd")
     throw Error(cat("--momentum: an SGD option; --optimizer ", command.train.optimizer, " keeps its own moments"));
   if (!multi && command.staleness > 0) throw Error("--staleness: only with --learners");
-  if (!multi && command.scale_lr) throw Error("--lr-scaling: only with --learners");
+  if (!multi && command.lr_scaling != LrScaling::None) throw Error("--lr-scaling: only with --learners");
   if (command.staleness > 0 && command.sync == "ssgd")
     throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");
   if (command.staleness > 0 && !command.train.device.is_cpu())

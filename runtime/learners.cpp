@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <string>
@@ -14,6 +15,22 @@
 #include "runtime/checkpoint.h"
 
 namespace quiver {
+
+LrScaling parse_lr_scaling(const std::string& name) {
+  if (name == "none") return LrScaling::None;
+  if (name == "linear") return LrScaling::Linear;
+  if (name == "sqrt") return LrScaling::Sqrt;
+  throw Error(cat("learning-rate scaling: expected none, linear or sqrt, got '", name, "'"));
+}
+
+double lr_scale(LrScaling rule, int learners) {
+  switch (rule) {
+    case LrScaling::Linear: return learners;
+    case LrScaling::Sqrt: return std::sqrt(static_cast<double>(learners));
+    case LrScaling::None: break;
+  }
+  return 1.0;
+}
 
 int64_t learner_bytes(const Trainer& replica, bool snapshot) {
   return replica.memory_bytes() + (snapshot ? replica.params().flat_size() * 4 : 0);
@@ -93,7 +110,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     throw Error(cat("learners: ", learners, " learner(s) cannot cover ", devices_.size(), " devices"));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
-  if (options_.scale_lr) replica.learning_rate *= learners;
+  replica.learning_rate *= lr_scale(options_.lr_scaling, learners);
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   replica.trace_path.clear();
@@ -612,7 +629,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
 void LearnerGroup::ssgd_update() {
   const Tensor& z = average_->params().flat_params();
   const int64_t n = z.numel();
-  // The replicas' learning rate: build() scaled it where LearnerOptions::scale_lr asks.
+  // The replicas' learning rate: build() scaled it by LearnerOptions::lr_scaling.
   const float lr = static_cast<float>(learners_.front()->trainer->options().learning_rate),
               momentum = static_cast<float>(train_.momentum),
               decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());

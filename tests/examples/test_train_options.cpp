@@ -28,9 +28,10 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_TRUE(parse_train_command({"--help"}).help);
   EXPECT_EQ(parse_train_command({"--learners", "3", "--staleness", "2"}).staleness, 2);
   EXPECT_EQ(parse_train_command({"--learners", "3"}).staleness, 0);
-  EXPECT_TRUE(parse_train_command({"--learners", "auto", "--lr-scaling", "linear"}).scale_lr);
-  EXPECT_FALSE(parse_train_command({"--learners", "2", "--lr-scaling", "none"}).scale_lr);
-  EXPECT_FALSE(parse_train_command({"--learners", "2"}).scale_lr);
+  EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "linear"}).lr_scaling, LrScaling::Linear);
+  EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "sqrt"}).lr_scaling, LrScaling::Sqrt);
+  EXPECT_EQ(parse_train_command({"--learners", "2", "--lr-scaling", "none"}).lr_scaling, LrScaling::None);
+  EXPECT_EQ(parse_train_command({"--learners", "2"}).lr_scaling, LrScaling::None);
   EXPECT_EQ(parse_train_command({"--eval-every", "100"}).train.eval_every, 100);
   EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
 
@@ -164,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"},
                       BadFlag{{"--staleness", "1"}, "--staleness"},
                       BadFlag{{"--lr-scaling", "linear"}, "--lr-scaling"},
-                      BadFlag{{"--learners", "2", "--lr-scaling", "sqrt"}, "--lr-scaling"},
+                      BadFlag{{"--learners", "2", "--lr-scaling", "cubic"}, "--lr-scaling"},
                       BadFlag{{"--learners", "2", "--staleness", "-1"}, "--staleness"},
                       BadFlag{{"--learners", "2", "--staleness", "65"}, "--staleness"},
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},

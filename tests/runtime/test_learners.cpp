@@ -705,18 +705,16 @@ TEST(Learners, SynchronousSgdEqualsOneLearnerOfTheCombinedBatch) {
     for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(group.replica(j).flat_params().f32()[i], z.f32()[i]);
 }
 
-// The linear scaling rule (LearnerOptions::scale_lr): k learners train at k x the learning rate.
-// Under SMA with alpha 0 (no corrections) learner 0 is then plain momentum SGD at 2 x lr on its
-// batches, bit for bit; under synchronous SGD, 3 learners of batch 8 equal one learner of batch
-// 24 at 3 x lr; and one learner is unchanged (single-stream training, lr as given).
-TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
-  Batches data(3 * 8, 37);
-  LearnerOptions sma{2, 1, SmaOptions{0.0, 0.9}};
-  sma.scale_lr = true;
+// Under SMA with alpha 0 (no corrections) learner 0 of k is plain momentum SGD on its batches at
+// the rate `rule` gives k learners: `factor` x lr, bit for bit, and not at lr itself.
+void expect_learner0_trains_at(LrScaling rule, int learners, double factor) {
+  Batches data(learners * 8, 37);
+  LearnerOptions sma{learners, 1, SmaOptions{0.0, 0.9}};
+  sma.lr_scaling = rule;
   LearnerGroup group(models::mlp(), recipe(), sma);
-  TrainOptions doubled = recipe();
-  doubled.learning_rate *= 2;
-  Trainer plain(models::mlp(), doubled), unscaled(models::mlp(), recipe());
+  TrainOptions scaled = recipe();
+  scaled.learning_rate *= factor;
+  Trainer plain(models::mlp(), scaled), unscaled(models::mlp(), recipe());
   for (int step = 0; step < 5; ++step) {
     group.round(data.images.data(), data.labels.data());  // learner 0: the first 8 samples
     plain.train_step(data.images.data(), data.labels.data());
@@ -729,10 +727,17 @@ TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
     differs_from_unscaled = differs_from_unscaled || w0.f32()[i] != unscaled.params().flat_params().f32()[i];
   }
   EXPECT_TRUE(differs_from_unscaled);
+}
 
+// The linear scaling rule (LrScaling::Linear): k learners train at k x the learning rate. Under
+// SMA 2 learners train at 2 x lr; under synchronous SGD, 3 learners of batch 8 equal one learner
+// of batch 24 at 3 x lr; and one learner is unchanged (single-stream training, lr as given).
+TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
+  expect_learner0_trains_at(LrScaling::Linear, 2, 2.0);
+  Batches data(3 * 8, 37);
   LearnerOptions ssgd{3, 1, SmaOptions{}};
   ssgd.sync = Sync::Ssgd;
-  ssgd.scale_lr = true;
+  ssgd.lr_scaling = LrScaling::Linear;
   LearnerGroup three(models::mlp(), recipe(), ssgd);
   TrainOptions big = recipe();
   big.batch = 24;
@@ -748,7 +753,7 @@ TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
   for (int64_t i = 0; i < z.numel(); ++i) ASSERT_NEAR(z.f32()[i], w.f32()[i], 1e-5 * std::abs(w.f32()[i]) + 1e-6) << i;
 
   LearnerOptions one{1, 1, SmaOptions{}};
-  one.scale_lr = true;
+  one.lr_scaling = LrScaling::Linear;
   LearnerGroup alone(models::mlp(), recipe(), one);
   Trainer reference(models::mlp(), recipe());
   for (int step = 0; step < 5; ++step) {
@@ -757,6 +762,25 @@ TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
   }
   const Tensor& z1 = alone.average();
   for (int64_t i = 0; i < z1.numel(); ++i) ASSERT_EQ(z1.f32()[i], reference.params().flat_params().f32()[i]) << i;
+}
+
+// The square-root rule (LrScaling::Sqrt): 4 learners train at 2 x lr (exact in floats), 2 at
+// sqrt(2) x lr, one at lr; the rule's name is parsed, and a wrong one refused with the choices.
+TEST(Learners, SqrtScalingTrainsKLearnersAtRootKTimesTheRate) {
+  expect_learner0_trains_at(LrScaling::Sqrt, 4, 2.0);
+  EXPECT_DOUBLE_EQ(lr_scale(LrScaling::Sqrt, 2), std::sqrt(2.0));
+  EXPECT_EQ(lr_scale(LrScaling::Sqrt, 1), 1.0);
+  EXPECT_EQ(lr_scale(LrScaling::None, 8), 1.0);
+  EXPECT_EQ(lr_scale(LrScaling::Linear, 8), 8.0);
+  EXPECT_EQ(parse_lr_scaling("sqrt"), LrScaling::Sqrt);
+  EXPECT_EQ(parse_lr_scaling("linear"), LrScaling::Linear);
+  EXPECT_EQ(parse_lr_scaling("none"), LrScaling::None);
+  try {
+    parse_lr_scaling("cubic");
+    FAIL() << "an unknown rule was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("none, linear or sqrt"), std::string::npos) << error.what();
+  }
 }
 
 TEST(Learners, SynchronousSgdNeedsSgd) {
