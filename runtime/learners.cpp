@@ -121,6 +121,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   const int64_t cpu_available = train_.device.is_cpu() ? memory_budget(available_memory_bytes(), train_.memory_limit) : -1;
   for (int j = 0; j < learners; ++j) {
     auto learner = std::make_unique<Learner>();
+    if (j > 0) learner->stream = std::make_unique<CpuStream>();
     replica.device = devices_[j % devices_.size()];
     learner->trainer = std::make_unique<Trainer>(model_, replica);
     if (auto known = tunings_.find({learners, threads_per_learner}); known != tunings_.end())
@@ -178,7 +179,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   threads_per_learner_ = threads_per_learner;
   // Waiting threads spin briefly only where every learner thread has a core of its own.
   spinning_ = learners * threads_per_learner <= available_cores();
-  for (auto& learner : learners_) learner->stream.set_spinning(spinning_);
+  for (size_t j = 1; j < learners_.size(); ++j) learners_[j]->stream->set_spinning(spinning_);
   if (!ssgd_velocity_.defined() && options_.sync == Sync::Ssgd)
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   if (options_.sync == Sync::Ssgd)
@@ -214,9 +215,9 @@ double LearnerGroup::one_thread_bound(int learners) const {
 
 void LearnerGroup::settle() const {
   std::exception_ptr first_error;
-  for (const auto& learner : learners_) {
+  for (size_t j = 1; j < learners_.size(); ++j) {
     try {
-      learner->stream.wait();
+      learners_[j]->stream->wait();
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
@@ -309,7 +310,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   size_t submitted = 1;
   try {
     for (; submitted < learners_.size(); ++submitted)
-      learners_[submitted]->stream.submit([&step, j = submitted] { step(j); });
+      learners_[submitted]->stream->submit([&step, j = submitted] { step(j); });
   } catch (...) {
     // A learner never handed its step cannot arrive, and learner 0 will not step: arrive for
     // them, so the learners already started do not wait for ever; then nobody applies SMA.
@@ -327,9 +328,9 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
       first_error = std::current_exception();
     }
   }
-  for (auto& learner : learners_) {
+  for (size_t j = 1; j < learners_.size(); ++j) {
     try {
-      learner->stream.wait();
+      learners_[j]->stream->wait();
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
@@ -372,7 +373,7 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
     trace_group_work("sma absorb", "sync", absorb_start, this_round, static_cast<int>(j));
   };
   for (size_t j = 1; j < learners_.size(); ++j)
-    learners_[j]->stream.submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
+    learners_[j]->stream->submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
   std::exception_ptr first_error;
   try {
     task(0, images[0], labels[0]);
@@ -381,7 +382,7 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
   }
   for (size_t j = 1; j < learners_.size(); ++j) {
     try {
-      learners_[j]->stream.wait_at_most(static_cast<size_t>(options_.staleness));
+      learners_[j]->stream->wait_at_most(static_cast<size_t>(options_.staleness));
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }

@@ -2,8 +2,8 @@
 // synchronous model averaging (Crossbow; DESIGN.md section 3, "Learners and SMA"). A learner owns
 // one replica's flat buffers (parameters, gradients, momentum) through its own Trainer, a
 // pre-step snapshot of its parameters, its compiled plan and executor (the thread budget it was
-// granted), and a stream on which its steps run (learner 0's run on the calling thread, which
-// would otherwise only wait). A round gives every learner one batch, runs the
+// granted), and a stream on which its steps run (learner 0 has none: its steps run on the
+// calling thread, which would otherwise only wait). A round gives every learner one batch, runs the
 // k steps at once, waits, then applies SMA; z, the average model, is what is evaluated.
 //
 // fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
@@ -194,7 +194,8 @@ class LearnerGroup {
     std::unique_ptr<Trainer> trainer;
     Tensor snapshot;  // parameters before this round's step (s_j)
     std::atomic<double> loss = 0.0;  // of its latest step (written by the thread that ran it)
-    CpuStream stream;
+    // Learner 0's work runs on the caller's thread: a stream of its own only from learner 1 on.
+    std::unique_ptr<CpuStream> stream;
   };
   void build(int learners, int threads_per_learner, bool carry_state = false);
   ModelSpec model_;
