@@ -1,7 +1,8 @@
 // Writes of files users care about (traces, results, profile caches, checkpoints) are atomic: the
 // text goes to a temporary file beside the target (unique per process and call) and is synced to
 // the disk, then rename() replaces the target in one step and the directory is synced, so a crash,
-// a power loss or a full disk never leaves a half-written file where a good one was.
+// a power loss or a full disk never leaves a half-written file where a good one was. A target that
+// is a symbolic link is written through: the file it names is replaced and the link stays.
 #pragma once
 
 #include <string>
@@ -12,8 +13,9 @@ namespace quiver {
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
 // Refuses, before any work is done, a destination write_file_atomically could not write: an empty
-// name, a directory or another file that is not a regular one (a device, a pipe), a parent
-// directory that is missing or where no file can be created. A typo in an output path
+// name, a directory or another file that is not a regular one (a device, a pipe, a process's open
+// file such as /dev/stdout), a parent directory that is missing or where no file can be created,
+// a name longer than the file system allows. A typo in an output path
 // then costs nothing instead of a whole training run. Throws quiver::Error naming `what`.
 void check_writable(const std::string& path, const std::string& what);
 

@@ -1,6 +1,6 @@
-// IDX reading through zlib's gz* file API, which passes non-gzip files through unchanged, so
-// one code path serves both `foo-ubyte.gz` and `foo-ubyte`. Not a parser of element types
-// other than unsigned byte.
+// IDX files, gzip-compressed or plain: one code path serves both `foo-ubyte.gz` and `foo-ubyte`
+// (reading inflates a file that starts with gzip's magic bytes and passes any other through;
+// writing uses zlib's gz* API). Not a parser of element types other than unsigned byte.
 #include "runtime/idx.h"
 
 #include <zlib.h>
@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <limits>
 #include <memory>
+#include <new>
 #include <sstream>
 
 #include "core/error.h"
@@ -25,7 +26,7 @@ constexpr int kMaxDims = 4;
 // Larger claims are a corrupt header, not a data set; refusing them keeps the size
 // arithmetic far from overflow.
 constexpr int64_t kMaxElements = int64_t{1} << 40;
-// gzread takes an unsigned length; reading in bounded chunks also means a header that
+// inflate takes an unsigned length; reading in bounded chunks also means a header that
 // promises far more data than the file holds never makes us allocate the promised amount.
 constexpr int64_t kReadChunk = int64_t{1} << 22;
 
@@ -52,20 +53,111 @@ std::string hex32(uint32_t value) {
   return out.str();
 }
 
-// Reads up to `want` bytes; returns how many arrived before end of file. A gzip stream that is
-// cut short reads as end of file (zlib reports that as Z_BUF_ERROR, not as a failure), which
-// the caller turns into a "truncated" message.
-int64_t read_bytes(gzFile file, const std::string& path, uint8_t* dst, int64_t want) {
-  int64_t got = 0;
-  while (got < want) {
-    const auto ask = static_cast<unsigned>(std::min(want - got, kReadChunk));
-    const int n = gzread(file, dst + got, ask);
-    if (n < 0) throw Error(cat("idx '", path, "': cannot read: ", gz_error_text(file)));
-    if (n == 0) break;
-    got += n;
+// A file's bytes, inflated where it is gzip (it starts with 1f 8b) and passed through where it is
+// not. zlib's inflate checks each gzip member's CRC-32 and length when it reaches the member's
+// end, and finish() reads on to that end. (gzread missed a cut trailer: when a large read used up
+// the input just as it was filled, it took the end of the file for the end of the stream.)
+class ByteSource {
+ public:
+  explicit ByteSource(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "rb")) {
+    if (!file_) throw Error(cat("idx '", path, "': cannot open: ", std::strerror(errno)));
+    refill();
+    gzip_ = have_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
+    if (!gzip_) return;
+    if (inflateInit2(&stream_, 16 + MAX_WBITS) != Z_OK)  // 16: a gzip wrapper, not zlib's
+      throw Error(cat("idx '", path, "': cannot start inflating: out of memory"));
+    inflating_ = true;
+    stream_.next_in = in_.data();
+    stream_.avail_in = static_cast<uInt>(have_);
   }
-  return got;
-}
+  ~ByteSource() {
+    if (inflating_) inflateEnd(&stream_);
+  }
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Up to `want` bytes; fewer only where the data ends or a gzip stream is cut short.
+  int64_t read(uint8_t* dst, int64_t want) { return gzip_ ? inflate_into(dst, want) : copy_into(dst, want); }
+
+  // A gzip stream is read on to its end, past the data (what follows the data is ignored, as in
+  // a plain file), so that its check bytes are checked; a cut or wrong trailer throws.
+  void finish() {
+    std::array<uint8_t, 4096> rest{};
+    while (gzip_ && !ended_) {
+      inflate_into(rest.data(), static_cast<int64_t>(rest.size()));
+      if (cut_) throw Error(cat("idx '", path_, "': truncated gzip stream after the data (its check bytes are missing)"));
+    }
+  }
+
+ private:
+  // More raw bytes into in_ (from its start); false at the end of the file.
+  bool refill() {
+    have_ = std::fread(in_.data(), 1, in_.size(), file_.get());
+    used_ = 0;
+    if (have_ == 0 && std::ferror(file_.get())) throw Error(cat("idx '", path_, "': cannot read: ", std::strerror(errno)));
+    return have_ > 0;
+  }
+
+  int64_t copy_into(uint8_t* dst, int64_t want) {
+    int64_t got = 0;
+    while (got < want) {
+      if (used_ == have_ && !refill()) break;
+      const size_t n = std::min(have_ - used_, static_cast<size_t>(want - got));
+      std::memcpy(dst + got, in_.data() + used_, n);
+      used_ += n;
+      got += static_cast<int64_t>(n);
+    }
+    return got;
+  }
+
+  int64_t inflate_into(uint8_t* dst, int64_t want) {
+    int64_t got = 0;
+    while (got < want && !ended_ && !cut_) {
+      if (stream_.avail_in == 0) {
+        if (!refill()) {
+          cut_ = true;
+          break;
+        }
+        stream_.next_in = in_.data();
+        stream_.avail_in = static_cast<uInt>(have_);
+      }
+      const auto room = static_cast<uInt>(std::min<int64_t>(want - got, kReadChunk));
+      stream_.next_out = dst + got;
+      stream_.avail_out = room;
+      const int status = inflate(&stream_, Z_NO_FLUSH);
+      got += room - stream_.avail_out;
+      if (status == Z_STREAM_END) {
+        next_member();
+      } else if (status == Z_DATA_ERROR || status == Z_NEED_DICT) {
+        throw Error(cat("idx '", path_, "': corrupt gzip stream: ", stream_.msg ? stream_.msg : "invalid data"));
+      } else if (status == Z_MEM_ERROR) {
+        throw Error(cat("idx '", path_, "': out of memory inflating it"));
+      }
+    }
+    return got;
+  }
+
+  // After a member's end: another member may follow (concatenated gzip files are one stream, as
+  // gzip -d reads them); anything else ends the data.
+  void next_member() {
+    if (stream_.avail_in == 0 && refill()) {
+      stream_.next_in = in_.data();
+      stream_.avail_in = static_cast<uInt>(have_);
+    }
+    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+      inflateReset(&stream_);
+    } else {
+      ended_ = true;
+    }
+  }
+
+  std::string path_;
+  PlainFile file_;
+  std::array<uint8_t, 1 << 17> in_{};
+  size_t have_ = 0, used_ = 0;  // bytes in in_, and (plain) those already handed out
+  bool gzip_ = false, inflating_ = false, ended_ = false, cut_ = false;
+  z_stream stream_{};
+};
 
 std::string dims_text(const std::vector<int64_t>& dims) {
   std::ostringstream out;
@@ -78,14 +170,9 @@ std::string dims_text(const std::vector<int64_t>& dims) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  GzFile file(gzopen(path.c_str(), "rb"));
-  if (!file) {
-    throw Error(cat("idx '", path, "': cannot open: ", std::strerror(errno)));
-  }
-  gzbuffer(file.get(), 1u << 17);
-
+  ByteSource file(path);
   std::array<uint8_t, 4> magic{};
-  const int64_t magic_got = read_bytes(file.get(), path, magic.data(), 4);
+  const int64_t magic_got = file.read(magic.data(), 4);
   if (magic_got < 4) {
     throw Error(cat("idx '", path, "': truncated: expected 4 bytes of header, got ", magic_got));
   }
@@ -101,7 +188,7 @@ IdxArray read_idx(const std::string& path) {
 
   std::array<uint8_t, 4 * kMaxDims> dim_bytes{};
   const int64_t dim_want = 4 * ndims;
-  const int64_t dim_got = read_bytes(file.get(), path, dim_bytes.data(), dim_want);
+  const int64_t dim_got = file.read(dim_bytes.data(), dim_want);
   if (dim_got < dim_want) {
     throw Error(cat("idx '", path, "': truncated: expected ", 4 + dim_want,
                     " bytes of header, got ", 4 + dim_got));
@@ -124,8 +211,13 @@ IdxArray read_idx(const std::string& path) {
   int64_t got = 0;
   while (got < elements) {
     const int64_t step = std::min(elements - got, kReadChunk);
-    result.data.resize(static_cast<size_t>(got + step));
-    const int64_t n = read_bytes(file.get(), path, result.data.data() + got, step);
+    try {
+      result.data.resize(static_cast<size_t>(got + step));
+    } catch (const std::bad_alloc&) {
+      throw Error(cat("idx '", path, "': out of memory after ", got, " of the ", elements, " bytes its header claims (dims ",
+                      dims_text(result.dims), ")"));
+    }
+    const int64_t n = file.read(result.data.data() + got, step);
     got += n;
     if (n < step) break;
   }
@@ -133,19 +225,7 @@ IdxArray read_idx(const std::string& path) {
     throw Error(cat("idx '", path, "': truncated: expected ", elements, " bytes of data, got ",
                     got, " (dims ", dims_text(result.dims), ")"));
   }
-  // The data is all there. For gzip, reading on is what makes zlib check the stream's trailer
-  // (CRC-32 and length): a cut or corrupt trailer surfaces only then. Bytes after the data are
-  // ignored, as in a plain file.
-  if (!gzdirect(file.get())) {
-    uint8_t extra = 0;
-    const int more = gzread(file.get(), &extra, 1);
-    int code = Z_OK;
-    gzerror(file.get(), &code);
-    if (more < 0 || (more == 0 && code != Z_OK)) {
-      throw Error(cat("idx '", path, "': ", code == Z_BUF_ERROR ? "truncated" : "corrupt",
-                      " gzip stream after the data (its check bytes: ", gz_error_text(file.get()), ")"));
-    }
-  }
+  file.finish();  // the data is all there: a gzip stream's check bytes are checked now
   result.data.resize(static_cast<size_t>(elements));
   return result;
 }

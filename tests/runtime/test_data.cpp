@@ -172,6 +172,21 @@ TEST_F(DataIdx, GzipTrailerIsChecked) {
   expect_error([&] { read_idx(file); }, {file, "incorrect data check"});  // while reading the data or after it
   write_bytes(file, whole);
   EXPECT_EQ(read_idx(file).data, patterned({16, 16}).data);
+  // The same for a file as large as the data sets' (gzread's large reads bypassed its buffer and
+  // took the end of the input for the end of the stream: a cut trailer read as whole).
+  const std::string large = path("large.gz");
+  write_idx(large, patterned({1024, 1024}), true);
+  const std::vector<uint8_t> large_whole = read_bytes(large);
+  for (size_t cut_bytes : {1, 4, 8}) {
+    write_bytes(large, std::vector<uint8_t>(large_whole.begin(), large_whole.end() - static_cast<std::ptrdiff_t>(cut_bytes)));
+    expect_error([&] { read_idx(large); }, {large, "truncated gzip stream after the data"});
+  }
+  std::vector<uint8_t> large_bad_crc = large_whole;
+  large_bad_crc[large_bad_crc.size() - 8] ^= 0xff;
+  write_bytes(large, large_bad_crc);
+  expect_error([&] { read_idx(large); }, {large, "incorrect data check"});
+  write_bytes(large, large_whole);
+  EXPECT_EQ(read_idx(large).data, patterned({1024, 1024}).data);
 }
 
 TEST_F(DataIdx, TruncatedHeader) {
@@ -550,6 +565,29 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   if (std::filesystem::is_directory("/proc")) {
     const std::string refused = message("/proc/quiver-results.md");
     EXPECT_NE(refused.find("cannot create files in '/proc'"), std::string::npos) << refused;
+  }
+  // A link is written through: its target gets the text, and the link stays a link.
+  const std::filesystem::path target = dir / "target.md", link = dir / "link.md";
+  std::filesystem::create_symlink("target.md", link);
+  EXPECT_NO_THROW(check_writable(link.string(), "--output"));  // a dangling link: its target is created
+  write_file_atomically(link.string(), "through the link", "results");
+  EXPECT_TRUE(std::filesystem::is_symlink(std::filesystem::symlink_status(link)));
+  std::ifstream through(target);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(through)), std::istreambuf_iterator<char>()), "through the link");
+  // A link to a process's open file (what /dev/stdout is) cannot be replaced by a rename.
+  const std::filesystem::path out = dir / "stdout";
+  std::filesystem::create_symlink("/proc/self/fd/1", out);
+  const std::string into_stream = message(out.string());
+  EXPECT_NE(into_stream.find("a link to a process's open file"), std::string::npos) << into_stream;
+  // A name longer than the file system allows is refused before any work, not after it.
+  const std::string long_name = (dir / std::string(300, 'a')).string();
+  const std::string too_long = message(long_name);
+  EXPECT_NE(too_long.find("the file name is longer than"), std::string::npos) << too_long;
+  // The longest name allowed is written: the temporary name does not grow with it.
+  const std::string longest = (dir / std::string(255, 'b')).string();
+  if (::pathconf(dir.c_str(), _PC_NAME_MAX) >= 255) {
+    EXPECT_NO_THROW(check_writable(longest, "--output"));
+    EXPECT_NO_THROW(write_file_atomically(longest, "long", "results"));
   }
   const std::string missing = (dir / "no" / "x.md").string();
   EXPECT_EQ(message(missing),
