@@ -25,6 +25,10 @@ inline std::string configuration_cell(int learners, int threads_per_learner, con
   return device.is_cpu() ? cat(learners, " x ", threads_per_learner) : cat(learners, " streams");
 }
 
+// Standard output line by line also into a file or a pipe, so a log keeps every line a killed run
+// printed. First thing in every bench's main.
+inline void line_buffered_output() { std::setvbuf(stdout, nullptr, _IOLBF, 0); }
+
 // True (after printing `usage`) when --help or -h is among the arguments: the program then exits 0.
 inline bool help_requested(int argc, char** argv, const char* usage) {
   for (int i = 1; i < argc; ++i)

@@ -95,6 +95,7 @@ constexpr char kUsage[] =
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
+  quiver::bench::line_buffered_output();
   if (quiver::bench::help_requested(argc, argv, kUsage)) return 0;
   Options o;
   try {

@@ -231,6 +231,8 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line also into a file or a pipe, so a log keeps every line a killed run printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const int status = run(argc, argv);
   // The results are the point of a run: output that could not be written (a full disk) is an
   // error, not a silent success. (A closed pipe ends the process by SIGPIPE, as it ends other tools.)

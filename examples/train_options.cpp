@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <stdexcept>
 #include <utility>
@@ -28,6 +29,9 @@ void check_readable(const std::string& path, const std::string& flag) {
   if (error) throw Error(cat(flag, ": cannot read '", path, "': ", error.message()));
   if (!exists) throw Error(cat(flag, ": cannot read '", path, "': no such file"));
   if (std::filesystem::is_directory(path, error)) throw Error(cat(flag, ": cannot read '", path, "': a directory"));
+  // A pipe would block the open, a device such as /dev/zero would be read for ever.
+  if (!std::filesystem::is_regular_file(path, error))
+    throw Error(cat(flag, ": cannot read '", path, "': not a regular file"));
   if (!std::ifstream(path, std::ios::binary)) throw Error(cat(flag, ": cannot read '", path, "': permission denied"));
 }
 
@@ -54,7 +58,9 @@ double parse_number(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || text.empty())
+  // stod also reads hexadecimal ("0x10" is 16), which the integer flags refuse: so do these.
+  const bool hexadecimal = text.find_first_of("xX") != std::string::npos;
+  if (used != text.size() || text.empty() || hexadecimal)
     throw Error(cat(flag, ": expected a number, got '", text, "'"));
   return value;
 }
@@ -85,6 +91,11 @@ double parse_positive(const std::string& flag, const std::string& text) {
   double value = parse_number(flag, text);
   if (!std::isfinite(value) || value <= 0.0)
     throw Error(cat(flag, ": must be a positive finite number, got '", text, "'"));
+  // Training computes in 32-bit floats: a value that is 0, subnormal (flushed to 0 in the
+  // kernels) or infinite there would leave the model still or blow it up at once.
+  if (value < std::numeric_limits<float>::min() || value > std::numeric_limits<float>::max())
+    throw Error(cat(flag, ": ", text, " is out of the range of a 32-bit float, which training computes in [",
+                    std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(), "]"));
   return value;
 }
 

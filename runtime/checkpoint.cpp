@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -60,6 +61,12 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
 
 CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout, const Tensor& flat,
                                const std::string& model) {
+  // A pipe would block the open, a device such as /dev/zero would be read for ever.
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    const bool exists = std::filesystem::exists(path, error);
+    throw Error(cat("checkpoint '", path, "': ", exists ? "not a regular file" : "no such file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(cat("checkpoint '", path, "': cannot open it"));
   std::stringstream buffer;

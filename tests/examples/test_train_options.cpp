@@ -177,6 +177,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--trace", ""}, "--trace"},
                       BadFlag{{"--learners", "2", "--resume", "/nonexistent/z.ckpt"}, "--resume"},
                       BadFlag{{"--learners", "2", "--resume", "/"}, "--resume"},
+                      BadFlag{{"--learners", "2", "--resume", "/dev/zero"}, "--resume"},
                       BadFlag{{"--sync", "sma"}, "--sync"},
                       BadFlag{{"--threads", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"}, "--inter 2 x --intra 2"},
                       BadFlag{{"--threads", "4", "--learners", "2", "--policy", "fixed", "--inter", "2", "--intra", "2"},
@@ -203,6 +204,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--lr", "1e-320"}, "--lr: 1e-320 is out of range"},
                       BadFlag{{"--seed", "99999999999999999999"}, "--seed: 99999999999999999999 is out of range"},
                       BadFlag{{"--lr", " 0.1"}, "--lr: expected a number"},
+                      BadFlag{{"--lr", "0x10"}, "--lr: expected a number"},
+                      // a double that is 0, subnormal or infinite as the float training computes in
+                      BadFlag{{"--lr", "1e-50"}, "--lr: 1e-50 is out of the range of a 32-bit float"},
+                      BadFlag{{"--lr", "1e39"}, "--lr: 1e39 is out of the range of a 32-bit float"},
                       BadFlag{{"--policy", "serial", "--explain"}, "--explain"},
                       BadFlag{{"--policy", "fixed"}, "--policy fixed: needs --inter"},
                       BadFlag{{"--policy", "fixed", "--inter", "1"}, "--policy fixed: needs --inter"},

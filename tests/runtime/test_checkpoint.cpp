@@ -2,6 +2,7 @@
 // the data order, a load restarting every momentum, and corrupt, truncated and foreign files
 // refused clearly.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -186,6 +187,17 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   std::string long_header = bytes;
   long_header[magic + 3] = static_cast<char>(0x7f);
   expect_rejected(long_header, "corrupted or truncated (its header length reads");
+  std::filesystem::remove(path);
+  // Not a file: a pipe would block the open, /dev/zero would be read for ever.
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  for (const std::string& special : {path, std::string("/dev/zero")}) {
+    try {
+      group.load(special);
+      FAIL() << special << " was loaded";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("not a regular file"), std::string::npos) << error.what();
+    }
+  }
   std::filesystem::remove(path);
 }
 
