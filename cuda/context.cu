@@ -27,7 +27,8 @@ namespace {
 // 0.5 MiB the stream). Two such streams are made and the second one measured: the first may still
 // pay the libraries' one-time costs. cuBLAS keeps its own pool even when given a workspace
 // (cublasSetWorkspace), so none is given. Not cached when it cannot be measured (0: the next
-// stream tries again).
+// stream tries again). Memory another thread or process takes between the two readings counts
+// too: the check then plans on more, never on less.
 struct ProbeStream {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -56,9 +57,12 @@ int64_t handle_bytes(int device) {
     made = first.make() && cudaMemGetInfo(&before, &total) == cudaSuccess && second.make() &&
            cudaMemGetInfo(&after, &total) == cudaSuccess;
   }
-  cudaGetLastError();  // a failed probe leaves no error for the next CUDA call to find
-  if (!made) return 0;
-  return measured[device] = before > after ? static_cast<int64_t>(before - after) : 0;
+  if (!made) {
+    cudaGetLastError();  // a failed probe leaves no error for the next CUDA call to find
+    return 0;
+  }
+  if (before <= after) return 0;  // memory freed meanwhile (another process): measure again later
+  return measured[device] = static_cast<int64_t>(before - after);
 }
 
 }  // namespace

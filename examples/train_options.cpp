@@ -4,8 +4,10 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <iomanip>
+#include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -87,6 +89,13 @@ bool same_file(const std::string& a, const std::string& b) {
   return error ? a == b : canonical_a == canonical_b;
 }
 
+// A float printed with every digit it needs to read back as itself.
+std::string exact(float value) {
+  std::ostringstream out;
+  out << std::setprecision(std::numeric_limits<float>::max_digits10) << value;
+  return out.str();
+}
+
 double parse_positive(const std::string& flag, const std::string& text) {
   double value = parse_number(flag, text);
   if (!std::isfinite(value) || value <= 0.0)
@@ -95,7 +104,7 @@ double parse_positive(const std::string& flag, const std::string& text) {
   // kernels) or infinite there would leave the model still or blow it up at once.
   if (value < std::numeric_limits<float>::min() || value > std::numeric_limits<float>::max())
     throw Error(cat(flag, ": ", text, " is out of the range of a 32-bit float, which training computes in [",
-                    std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(), "]"));
+                    exact(std::numeric_limits<float>::min()), ", ", exact(std::numeric_limits<float>::max()), "]"));
   return value;
 }
 

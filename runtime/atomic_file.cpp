@@ -28,30 +28,35 @@ bool write_and_sync(int fd, const std::string& text) {
   return ::fsync(fd) == 0;
 }
 
-// `prefix` with the process id and a counter: no two writers (two processes, or two threads of
-// one) share the name.
-std::string unique_name(const std::string& prefix) {
+// Creates a new temporary file in `directory` (O_EXCL): `name` gets its name, the result is its
+// descriptor, or -1 with errno set. The name is short whatever the target's (a target whose name
+// is as long as the file system allows still gets one) and holds the process id and a counter;
+// two processes of the same id (in two PID namespaces, or a killed one's leftover) meet as
+// EEXIST, and the next counter is tried.
+int create_temporary(const std::string& directory, std::string& name) {
   static std::atomic<uint64_t> serial{0};
-  return cat(prefix, ::getpid(), ".", serial.fetch_add(1));
+  for (int attempt = 0;; ++attempt) {
+    name = cat(directory, "/.quiver-tmp.", ::getpid(), ".", serial.fetch_add(1));
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST || attempt == 64) return fd;
+  }
 }
-
-// A temporary file's name in `directory`: short whatever the target's name, so a target whose
-// name is as long as the file system allows still gets one.
-std::string temporary_in(const std::string& directory) { return unique_name(directory + "/.quiver-tmp."); }
 
 // The file a write to `path` replaces: a symbolic link (or a chain of them) is followed to what it
 // names, so the link stays and its target gets the text, as a plain write through it would. A
-// link into /proc (/dev/stdout, /dev/fd/N) names a process's open file, which a rename cannot
-// write into: refused.
+// link in /proc (where /dev/stdout and /dev/fd/N lead: a process's open file) is refused: a
+// rename cannot write into an open file, and would replace the file the process writes to.
 std::filesystem::path write_target(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   fs::path target = path;
   for (int hops = 0; hops < 40; ++hops) {
     std::error_code error;
-    if (hops > 0 && target.string().rfind("/proc/", 0) == 0)
-      throw Error(cat(what, ": '", path, "' is a link to a process's open file (", target.string(),
-                      "), which a rename cannot write into: give a file name"));
     if (!fs::is_symlink(fs::symlink_status(target, error))) return target;
+    const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    const fs::path where = fs::weakly_canonical(parent, error);  // /dev/fd is itself a link into /proc
+    if (!error && (where == "/proc" || where.string().rfind("/proc/", 0) == 0))
+      throw Error(cat(what, ": '", path, "' is a process's open file (", (where / target.filename()).string(),
+                      "), which a rename cannot write into: give a file name"));
     const fs::path next = fs::read_symlink(target, error);
     if (error) throw Error(cat(what, ": cannot read the link '", target.string(), "': ", error.message()));
     target = next.is_absolute() ? next : target.parent_path() / next;
@@ -69,8 +74,8 @@ std::string directory_of(const std::filesystem::path& target) {
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
   const std::filesystem::path target = write_target(path, what);
   const std::string directory = directory_of(target);
-  const std::string temporary = temporary_in(directory);
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string temporary;
+  const int fd = create_temporary(directory, temporary);
   if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
   const bool written = write_and_sync(fd, text);
   const int write_errno = errno;
@@ -113,19 +118,13 @@ void check_writable(const std::string& path, const std::string& what) {
                     " characters '", directory, "' allows"));
   // The temporary file is created in `directory` and renamed there: create one now and remove it.
   // (access() is not enough: root may "write" /proc and /sys, which refuse new files.)
-  // (A name per process and call, retried past one a killed process left behind.)
-  for (int attempt = 0;; ++attempt) {
-    const std::string probe = temporary_in(directory);
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      ::close(fd);
-      ::unlink(probe.c_str());
-      return;
-    }
-    if (errno != EEXIST || attempt == 8)
-      throw Error(cat(what, ": cannot write '", path, "': cannot create files in '", directory, "': ",
-                      std::strerror(errno)));
-  }
+  std::string probe;
+  const int fd = create_temporary(directory, probe);
+  if (fd < 0)
+    throw Error(cat(what, ": cannot write '", path, "': cannot create files in '", directory, "': ",
+                    std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace quiver

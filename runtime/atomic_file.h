@@ -1,5 +1,5 @@
 // Writes of files users care about (traces, results, profile caches, checkpoints) are atomic: the
-// text goes to a temporary file beside the target (unique per process and call) and is synced to
+// text goes to a new temporary file beside the target (never one another writer holds), synced to
 // the disk, then rename() replaces the target in one step and the directory is synced, so a crash,
 // a power loss or a full disk never leaves a half-written file where a good one was. A target that
 // is a symbolic link is written through: the file it names is replaced and the link stays.

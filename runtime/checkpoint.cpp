@@ -64,6 +64,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   // A pipe would block the open, a device such as /dev/zero would be read for ever.
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) {
+    if (error && error != std::errc::no_such_file_or_directory)
+      throw Error(cat("checkpoint '", path, "': cannot read it: ", error.message()));
     const bool exists = std::filesystem::exists(path, error);
     throw Error(cat("checkpoint '", path, "': ", exists ? "not a regular file" : "no such file"));
   }

@@ -138,9 +138,15 @@ class ByteSource {
   }
 
   // After a member's end: another member may follow (concatenated gzip files are one stream, as
-  // gzip -d reads them); anything else ends the data.
+  // gzip -d reads them); anything else ends the data. Its two magic bytes may straddle the end of
+  // the buffer: what is left moves to the front and more is read behind it.
   void next_member() {
-    if (stream_.avail_in == 0 && refill()) {
+    if (stream_.avail_in < 2) {
+      const size_t left = stream_.avail_in;
+      if (left > 0) std::memmove(in_.data(), stream_.next_in, left);
+      have_ = left + std::fread(in_.data() + left, 1, in_.size() - left, file_.get());
+      if (have_ == left && std::ferror(file_.get()))
+        throw Error(cat("idx '", path_, "': cannot read: ", std::strerror(errno)));
       stream_.next_in = in_.data();
       stream_.avail_in = static_cast<uInt>(have_);
     }

@@ -134,11 +134,14 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
       // but its stream's workspace (allocated when it first runs), so what was available is the
       // free memory plus what it took; the device also holds SMA's buffers (the previous move,
       // the corrections' sum in the sync stream's workspace, and a copy of z away from z's device)
-      // and, on z's device, the workspace z's evaluations will need.
+      // and its sync stream (the stream's own library handles, as much as a learner's stream
+      // holds), and, on z's device, the workspace z's evaluations will need.
       const Device device = replica.device;
       const Trainer& first = *learner->trainer;
       const int64_t each = learner_bytes(first, needs_snapshot());
-      const int64_t sma = device.is_cpu() ? 0 : (device == train_.device ? 2 : 3) * first.params().flat_size() * 4;
+      const int64_t sma = device.is_cpu() ? 0
+                                          : (device == train_.device ? 2 : 3) * first.params().flat_size() * 4 +
+                                                first.train_plan().context().resident_bytes();
       // z's trainer evaluates on a stream of its own, whose workspace grows at its first evaluation.
       const int64_t average_workspace =
           device == train_.device ? std::max<int64_t>(0, average_->workspace_bytes() -

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,8 +173,9 @@ TEST_F(DataIdx, GzipTrailerIsChecked) {
   expect_error([&] { read_idx(file); }, {file, "incorrect data check"});  // while reading the data or after it
   write_bytes(file, whole);
   EXPECT_EQ(read_idx(file).data, patterned({16, 16}).data);
-  // The same for a file as large as the data sets' (gzread's large reads bypassed its buffer and
-  // took the end of the input for the end of the stream: a cut trailer read as whole).
+  // The same for a file whose data is larger than a read from zlib's gz API goes through its
+  // buffer for (gzread's large reads bypassed the buffer and took the end of the input for the
+  // end of the stream: a cut trailer read as whole).
   const std::string large = path("large.gz");
   write_idx(large, patterned({1024, 1024}), true);
   const std::vector<uint8_t> large_whole = read_bytes(large);
@@ -187,6 +189,68 @@ TEST_F(DataIdx, GzipTrailerIsChecked) {
   expect_error([&] { read_idx(large); }, {large, "incorrect data check"});
   write_bytes(large, large_whole);
   EXPECT_EQ(read_idx(large).data, patterned({1024, 1024}).data);
+}
+
+// One gzip member holding `bytes`, deflated at `level` (0: stored blocks, whose size is exact).
+std::vector<uint8_t> gzip_member(const uint8_t* bytes, size_t size, int level) {
+  z_stream stream{};
+  EXPECT_EQ(deflateInit2(&stream, level, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::vector<uint8_t> out(deflateBound(&stream, static_cast<uLong>(size)));
+  stream.next_in = const_cast<uint8_t*>(bytes);
+  stream.avail_in = static_cast<uInt>(size);
+  stream.next_out = out.data();
+  stream.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
+  return out;
+}
+
+// Compressed data that takes many reads of the reader's 128 KiB buffer, and files of several gzip
+// members (concatenated files, bgzip's blocks): read whole, every member's trailer checked, also
+// where the next member's magic bytes straddle the end of a buffer.
+TEST_F(DataIdx, GzipAcrossBuffersAndMembers) {
+  IdxArray a;
+  a.dims = {512, 1024};
+  std::mt19937 random(7);
+  for (int i = 0; i < 512 * 1024; ++i) a.data.push_back(static_cast<uint8_t>(random()));  // incompressible
+  const std::string plain = path("random.idx");
+  write_idx(plain, a, false);
+  const std::vector<uint8_t> raw = read_bytes(plain);
+  const std::string file = path("random.idx.gz");
+  const std::vector<uint8_t> one = gzip_member(raw.data(), raw.size(), 6);
+  ASSERT_GT(one.size(), size_t{4} << 17) << "more than four buffers of compressed data";
+  write_bytes(file, one);
+  EXPECT_EQ(read_idx(file).data, a.data);
+  write_bytes(file, std::vector<uint8_t>(one.begin(), one.end() - 4));
+  expect_error([&] { read_idx(file); }, {file, "truncated gzip stream after the data"});
+  write_bytes(file, std::vector<uint8_t>(one.begin(), one.begin() + static_cast<std::ptrdiff_t>(one.size() / 2)));
+  expect_error([&] { read_idx(file); }, {file, "truncated", "bytes of data"});
+  // Two members, the first of stored blocks sized so that it ends 2, 1 and 0 bytes before the
+  // end of the reader's first buffer (131072 bytes): its successor's magic bytes fit, straddle
+  // the end, or start the next buffer.
+  for (size_t first_size : {size_t{131070}, size_t{131071}, size_t{131072}}) {
+    size_t split = first_size - 40;  // stored blocks add a header, a trailer and 5 bytes a block
+    std::vector<uint8_t> head = gzip_member(raw.data(), split, 0);
+    while (head.size() < first_size) head = gzip_member(raw.data(), ++split, 0);
+    ASSERT_EQ(head.size(), first_size);
+    std::vector<uint8_t> both = head;
+    const std::vector<uint8_t> tail = gzip_member(raw.data() + split, raw.size() - split, 6);
+    both.insert(both.end(), tail.begin(), tail.end());
+    write_bytes(file, both);
+    EXPECT_EQ(read_idx(file).data, a.data) << "first member of " << first_size << " bytes";
+    both[both.size() - 8] ^= 0xff;  // the second member's CRC-32
+    write_bytes(file, both);
+    expect_error([&] { read_idx(file); }, {file, "incorrect data check"});
+  }
+  // Many small members, as bgzip writes them.
+  std::vector<uint8_t> blocks;
+  for (size_t at = 0; at < raw.size(); at += 50000) {
+    const std::vector<uint8_t> block = gzip_member(raw.data() + at, std::min<size_t>(50000, raw.size() - at), 1);
+    blocks.insert(blocks.end(), block.begin(), block.end());
+  }
+  write_bytes(file, blocks);
+  EXPECT_EQ(read_idx(file).data, a.data);
 }
 
 TEST_F(DataIdx, TruncatedHeader) {
@@ -574,11 +638,17 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   EXPECT_TRUE(std::filesystem::is_symlink(std::filesystem::symlink_status(link)));
   std::ifstream through(target);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(through)), std::istreambuf_iterator<char>()), "through the link");
-  // A link to a process's open file (what /dev/stdout is) cannot be replaced by a rename.
+  // A process's open file (where /dev/stdout and /dev/fd/N lead) cannot be replaced by a rename:
+  // through a link of ours, /dev/stdout, /dev/fd/1 (a path through a linked directory) or given
+  // directly.
   const std::filesystem::path out = dir / "stdout";
   std::filesystem::create_symlink("/proc/self/fd/1", out);
-  const std::string into_stream = message(out.string());
-  EXPECT_NE(into_stream.find("a link to a process's open file"), std::string::npos) << into_stream;
+  for (const std::string& stream : {out.string(), std::string("/dev/stdout"), std::string("/dev/fd/1"),
+                                    std::string("/proc/self/fd/1")}) {
+    if (!std::filesystem::exists(std::filesystem::symlink_status(stream))) continue;  // no /dev/fd here
+    const std::string refused = message(stream);
+    EXPECT_NE(refused.find("a process's open file"), std::string::npos) << stream << ": " << refused;
+  }
   // A name longer than the file system allows is refused before any work, not after it.
   const std::string long_name = (dir / std::string(300, 'a')).string();
   const std::string too_long = message(long_name);
