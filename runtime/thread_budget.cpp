@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/denormals.h"
@@ -14,6 +16,8 @@
 #include <exception>
 #else
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
@@ -113,8 +117,56 @@ struct ThreadBudget::Arena {
 };
 thread_local bool ThreadBudget::Arena::inside_job = false;
 #else
+namespace {
+
+// TBB starts no more threads than its default concurrency (the cores this process may use),
+// whatever an arena asks for. Budgets of more threads than that (a --threads above the cores,
+// warned about) raise the limit to the largest of them while they live, so that their threads
+// exist and take turns on the cores, as those of the pool above do: otherwise ops granted them
+// would run on fewer threads than the plan counts. One control at a time: TBB applies the
+// smallest of those alive.
+class OversizedBudgets {
+ public:
+  static OversizedBudgets& get() {
+    static OversizedBudgets budgets;
+    return budgets;
+  }
+  void add(int threads) {
+    if (threads <= tbb::info::default_concurrency()) return;
+    std::lock_guard lock(mutex_);
+    sizes_.insert(threads);
+    apply();
+  }
+  void remove(int threads) {
+    if (threads <= tbb::info::default_concurrency()) return;
+    std::lock_guard lock(mutex_);
+    sizes_.erase(sizes_.find(threads));
+    apply();
+  }
+
+ private:
+  void apply() {
+    const size_t wanted = sizes_.empty() ? 0 : static_cast<size_t>(*sizes_.rbegin());
+    if (wanted == active_) return;
+    control_.reset();  // before the next: the smaller of two alive would apply
+    if (wanted > 0)
+      control_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, wanted);
+    active_ = wanted;
+  }
+  std::mutex mutex_;
+  std::multiset<int> sizes_;
+  std::unique_ptr<tbb::global_control> control_;
+  size_t active_ = 0;
+};
+
+}  // namespace
+
 struct ThreadBudget::Arena {
-  explicit Arena(int threads) : arena(threads, 1) {}
+  explicit Arena(int threads) : threads(threads), arena(threads, 1) { OversizedBudgets::get().add(threads); }
+  ~Arena() { OversizedBudgets::get().remove(threads); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  int threads;
   mutable tbb::task_arena arena;
 };
 #endif

@@ -1,7 +1,8 @@
 // ThreadBudget: an execution context backed by a TBB task arena of a fixed size (in
 // ThreadSanitizer builds, a pool of Quiver's own with the same contract). A kernel given a
 // ThreadBudget of k threads runs its parallel_for bodies on at most k threads (the caller plus
-// k-1 arena workers). TBB stays out of this header.
+// k-1 arena workers); k may exceed the cores, and then the k threads exist and take turns on
+// them. TBB stays out of this header.
 #pragma once
 
 #include <memory>

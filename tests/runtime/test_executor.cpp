@@ -203,10 +203,11 @@ TEST(Executor, GrantedThreadsAreHonoured) {
 }
 
 // A budget of k threads can really run k bodies at once: each chunk waits (up to 10 s) until k
-// distinct threads have arrived, which only happens if the arena gave it k threads.
+// distinct threads have arrived, which only happens if the arena gave it k threads. Also for more
+// threads than cores (a --threads above them): TBB would start no more than the cores otherwise.
 TEST(ThreadBudget, UsesTheThreadsItGrants) {
   if (available_cores() < 2) GTEST_SKIP() << "needs 2 cores";
-  for (int k : {2, std::min(available_cores(), 4)}) {
+  for (int k : {2, std::min(available_cores(), 4), available_cores() + 2}) {
     ThreadBudget budget(k);
     budget.record_threads(true);
     std::mutex mutex;
