@@ -131,16 +131,17 @@ class OversizedBudgets {
     static OversizedBudgets budgets;
     return budgets;
   }
-  void add(int threads) {
-    if (threads <= tbb::info::default_concurrency()) return;
+  // True when `threads` is above TBB's default concurrency and now counts; remove() it then.
+  bool add(int threads) {
+    if (threads <= tbb::info::default_concurrency()) return false;
     std::lock_guard lock(mutex_);
     sizes_.insert(threads);
     apply();
+    return true;
   }
   void remove(int threads) {
-    if (threads <= tbb::info::default_concurrency()) return;
     std::lock_guard lock(mutex_);
-    sizes_.erase(sizes_.find(threads));
+    if (auto found = sizes_.find(threads); found != sizes_.end()) sizes_.erase(found);
     apply();
   }
 
@@ -162,11 +163,15 @@ class OversizedBudgets {
 }  // namespace
 
 struct ThreadBudget::Arena {
-  explicit Arena(int threads) : threads(threads), arena(threads, 1) { OversizedBudgets::get().add(threads); }
-  ~Arena() { OversizedBudgets::get().remove(threads); }
+  explicit Arena(int threads)
+      : threads(threads), oversized(OversizedBudgets::get().add(threads)), arena(threads, 1) {}
+  ~Arena() {
+    if (oversized) OversizedBudgets::get().remove(threads);
+  }
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   int threads;
+  bool oversized;
   mutable tbb::task_arena arena;
 };
 #endif
