@@ -184,9 +184,7 @@ int main(int argc, char** argv) {
       } else if (flag == "--bound") {
         bound = bench::on_off(flag, value);
       } else if (flag == "--lr-scaling") {
-        if (value != "none" && value != "linear" && value != "sqrt")
-          throw Error(cat(flag, ": expected none, linear or sqrt, got '", value, "'"));
-        lr_scaling = parse_lr_scaling(value);
+        lr_scaling = bench::for_flag(flag, [&] { return parse_lr_scaling(value); });
       } else if (flag == "--runs") {
         runs = bench::to_int(flag, value, 100);
       } else if (flag == "--fixed") {

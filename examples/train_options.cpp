@@ -288,9 +288,11 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--staleness") {
       command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
     } else if (flag == "--lr-scaling") {
-      if (value != "none" && value != "linear" && value != "sqrt")
-        throw Error(cat("--lr-scaling: expected none, linear or sqrt, got '", value, "'"));
-      command.lr_scaling = parse_lr_scaling(value);
+      try {
+        command.lr_scaling = parse_lr_scaling(value);
+      } catch (const Error& error) {
+        throw Error(cat("--lr-scaling: ", error.what()));
+      }
     } else if (flag == "--checkpoint" || flag == "--resume") {
       if (value.empty()) throw Error(cat(flag, ": empty file name"));
       if (flag == "--checkpoint") check_writable(value, flag);  // a typo must not cost the training run

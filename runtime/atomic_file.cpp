@@ -42,6 +42,12 @@ int create_temporary(const std::string& directory, std::string& name) {
   }
 }
 
+// The directory `target` is in ("." for a bare name).
+std::string directory_of(const std::filesystem::path& target) {
+  const std::filesystem::path parent = target.parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
 // The file a write to `path` replaces: a symbolic link (or a chain of them) is followed to what it
 // names, so the link stays and its target gets the text, as a plain write through it would. A
 // link in /proc (where /dev/stdout and /dev/fd/N lead: a process's open file) is refused: a
@@ -52,8 +58,7 @@ std::filesystem::path write_target(const std::string& path, const std::string& w
   for (int hops = 0; hops < 40; ++hops) {
     std::error_code error;
     if (!fs::is_symlink(fs::symlink_status(target, error))) return target;
-    const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    const fs::path where = fs::weakly_canonical(parent, error);  // /dev/fd is itself a link into /proc
+    const fs::path where = fs::weakly_canonical(directory_of(target), error);  // /dev/fd: a link into /proc
     if (!error && (where == "/proc" || where.string().rfind("/proc/", 0) == 0))
       throw Error(cat(what, ": '", path, "' is a process's open file (", (where / target.filename()).string(),
                       "), which a rename cannot write into: give a file name"));
@@ -62,11 +67,6 @@ std::filesystem::path write_target(const std::string& path, const std::string& w
     target = next.is_absolute() ? next : target.parent_path() / next;
   }
   throw Error(cat(what, ": '", path, "': too many levels of symbolic links"));
-}
-
-std::string directory_of(const std::filesystem::path& target) {
-  const std::filesystem::path parent = target.parent_path();
-  return parent.empty() ? "." : parent.string();
 }
 
 }  // namespace

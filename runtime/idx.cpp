@@ -67,8 +67,6 @@ class ByteSource {
     if (inflateInit2(&stream_, 16 + MAX_WBITS) != Z_OK)  // 16: a gzip wrapper, not zlib's
       throw Error(cat("idx '", path, "': cannot start inflating: out of memory"));
     inflating_ = true;
-    stream_.next_in = in_.data();
-    stream_.avail_in = static_cast<uInt>(have_);
   }
   ~ByteSource() {
     if (inflating_) inflateEnd(&stream_);
@@ -90,12 +88,17 @@ class ByteSource {
   }
 
  private:
-  // More raw bytes into in_ (from its start); false at the end of the file.
-  bool refill() {
-    have_ = std::fread(in_.data(), 1, in_.size(), file_.get());
+  // More raw bytes into in_, behind the `keep` bytes at `rest`, which move to its front; the
+  // inflater's input is then all of in_. False when nothing more came (the end of the file).
+  bool refill(const uint8_t* rest = nullptr, size_t keep = 0) {
+    if (keep > 0) std::memmove(in_.data(), rest, keep);
+    const size_t read = std::fread(in_.data() + keep, 1, in_.size() - keep, file_.get());
+    if (read == 0 && std::ferror(file_.get())) throw Error(cat("idx '", path_, "': cannot read: ", std::strerror(errno)));
+    have_ = keep + read;
     used_ = 0;
-    if (have_ == 0 && std::ferror(file_.get())) throw Error(cat("idx '", path_, "': cannot read: ", std::strerror(errno)));
-    return have_ > 0;
+    stream_.next_in = in_.data();
+    stream_.avail_in = static_cast<uInt>(have_);
+    return read > 0;
   }
 
   int64_t copy_into(uint8_t* dst, int64_t want) {
@@ -113,13 +116,9 @@ class ByteSource {
   int64_t inflate_into(uint8_t* dst, int64_t want) {
     int64_t got = 0;
     while (got < want && !ended_ && !cut_) {
-      if (stream_.avail_in == 0) {
-        if (!refill()) {
-          cut_ = true;
-          break;
-        }
-        stream_.next_in = in_.data();
-        stream_.avail_in = static_cast<uInt>(have_);
+      if (stream_.avail_in == 0 && !refill()) {
+        cut_ = true;
+        break;
       }
       const auto room = static_cast<uInt>(std::min<int64_t>(want - got, kReadChunk));
       stream_.next_out = dst + got;
@@ -141,15 +140,7 @@ class ByteSource {
   // gzip -d reads them); anything else ends the data. Its two magic bytes may straddle the end of
   // the buffer: what is left moves to the front and more is read behind it.
   void next_member() {
-    if (stream_.avail_in < 2) {
-      const size_t left = stream_.avail_in;
-      if (left > 0) std::memmove(in_.data(), stream_.next_in, left);
-      have_ = left + std::fread(in_.data() + left, 1, in_.size() - left, file_.get());
-      if (have_ == left && std::ferror(file_.get()))
-        throw Error(cat("idx '", path_, "': cannot read: ", std::strerror(errno)));
-      stream_.next_in = in_.data();
-      stream_.avail_in = static_cast<uInt>(have_);
-    }
+    if (stream_.avail_in < 2) refill(stream_.next_in, stream_.avail_in);
     if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
       inflateReset(&stream_);
     } else {

@@ -20,7 +20,7 @@ LrScaling parse_lr_scaling(const std::string& name) {
   if (name == "none") return LrScaling::None;
   if (name == "linear") return LrScaling::Linear;
   if (name == "sqrt") return LrScaling::Sqrt;
-  throw Error(cat("learning-rate scaling: expected none, linear or sqrt, got '", name, "'"));
+  throw Error(cat("expected none, linear or sqrt, got '", name, "'"));
 }
 
 double lr_scale(LrScaling rule, int learners) {
