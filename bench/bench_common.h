@@ -129,12 +129,19 @@ struct GridOptions {
   std::string output;  // markdown table, written atomically
 };
 
-// The value after the flag argv[i] (i moves past it). A word that is no flag, and a flag with
-// nothing after it, are named as such (the latter may be an option this bench does not have).
-inline std::string flag_value(int argc, char** argv, int& i) {
+// An option that `options` (a bench's flags, space-separated, as its usage lists them) does not
+// name. Every bench's parser ends in it.
+inline Error unknown_option(const std::string& flag, const char* options) {
+  return Error(cat("unknown option '", flag, "' (", options, ")"));
+}
+
+// The value after the flag argv[i] (i moves past it). A word that is no flag, a flag that is not
+// one of `options` and a flag with nothing after it are each named as such.
+inline std::string flag_value(int argc, char** argv, int& i, const char* options) {
   const std::string flag = argv[i];
   if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
-  if (i + 1 >= argc) throw Error(cat(flag, ": missing value, or no such option (see --help)"));
+  if (cat(" ", options, " ").find(cat(" ", flag, " ")) == std::string::npos) throw unknown_option(flag, options);
+  if (i + 1 >= argc) throw Error(cat(flag, ": missing value (see --help)"));
   return argv[++i];
 }
 

@@ -42,11 +42,14 @@ struct Options : bench::GridOptions {
   Options() { batches = {16, 64}; }
 };
 
+constexpr char kOptions[] =
+    "--models --batches --learners --staleness --device --threads --warmup --steps --runs --window --tune-leap --output";
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
-    std::string value = bench::flag_value(argc, argv, i);
+    std::string value = bench::flag_value(argc, argv, i, kOptions);
     if (bench::parse_grid_flag(flag, value, o)) continue;
     if (flag == "--device") {
       o.device = bench::for_flag(flag, [&] { return Device::parse(value); });
@@ -65,10 +68,7 @@ Options parse(int argc, char** argv) {
       for (const std::string& s : bench::split(flag, value)) o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness, 0));
       continue;
     }
-    if (flag != "--learners")
-      throw Error(cat("unknown option '", flag,
-                      "' (--models --batches --learners --staleness --device --threads --warmup --steps --runs "
-                      "--window --tune-leap --output)"));
+    if (flag != "--learners") throw bench::unknown_option(flag, kOptions);
     o.learners.clear();
     for (const std::string& k : bench::split(flag, value)) o.learners.push_back(bench::to_int(flag, k, 256));
   }

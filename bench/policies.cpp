@@ -29,12 +29,13 @@ struct Options : bench::GridOptions {
   Options() { steps = 50; }
 };
 
+constexpr char kOptions[] = "--models --batches --threads --warmup --steps --runs --output";
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
-    if (!bench::parse_grid_flag(flag, bench::flag_value(argc, argv, i), o))
-      throw Error(cat("unknown option '", flag, "' (--models --batches --threads --warmup --steps --runs --output)"));
+    if (!bench::parse_grid_flag(flag, bench::flag_value(argc, argv, i, kOptions), o)) throw bench::unknown_option(flag, kOptions);
   }
   return o;
 }

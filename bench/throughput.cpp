@@ -44,6 +44,9 @@ struct BenchOptions {
   Device device;
 };
 
+constexpr char kOptions[] =
+    "--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile";
+
 BenchOptions parse(int argc, char** argv) {
   BenchOptions o;
   bool threads_given = false;
@@ -57,7 +60,7 @@ BenchOptions parse(int argc, char** argv) {
       o.profile = true;
       continue;
     }
-    std::string value = bench::flag_value(argc, argv, i);
+    std::string value = bench::flag_value(argc, argv, i, kOptions);
     if (flag == "--models") {
       o.models = bench::model_names(flag, value);
     } else if (flag == "--batches") {
@@ -85,8 +88,7 @@ BenchOptions parse(int argc, char** argv) {
     } else if (flag == "--device") {
       o.device = bench::for_flag(flag, [&] { return Device::parse(value); });
     } else {
-      throw Error(cat("unknown option '", flag,
-                      "' (--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile)"));
+      throw bench::unknown_option(flag, kOptions);
     }
   }
   // On a GPU a model runs on one stream: no thread counts to vary, no CPU peer to compare with.

@@ -146,6 +146,10 @@ constexpr char kUsage[] =
     "  --seed S          seed of every run (default 1)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
+constexpr char kOptions[] =
+    "--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling --runs "
+    "--fixed --seed --output";
+
 int main(int argc, char** argv) {
   quiver::bench::line_buffered_output();
   if (quiver::bench::help_requested(argc, argv, kUsage)) return 0;
@@ -165,7 +169,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
-      std::string value = bench::flag_value(argc, argv, i);
+      std::string value = bench::flag_value(argc, argv, i, kOptions);
       if (flag == "--models") {
         names = bench::model_names(flag, value);
       } else if (flag == "--batch") {
@@ -196,9 +200,7 @@ int main(int argc, char** argv) {
       } else if (flag == "--staleness") {
         staleness = bench::to_int(flag, value, kMaxStaleness, 0);
       } else {
-        throw Error(cat("unknown option '", flag,
-                        "' (--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling"
-                        " --runs --fixed --seed --output)"));
+        throw bench::unknown_option(flag, kOptions);
       }
     }
     bench::check_staleness_on(device, staleness > 0);
