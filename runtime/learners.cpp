@@ -178,6 +178,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     device_sma = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
   device_sma_ = std::move(device_sma);  // the old sync streams drained already (drain() above)
   sma_ = std::move(sma);
+  // Each learner's thread runs its ops with up to threads_per_learner - 1 of TBB's workers.
+  if (train_.device.is_cpu()) allowance_ = std::make_unique<ThreadAllowance>(learners * (threads_per_learner - 1) + 1);
   learners_ = std::move(built);
   threads_per_learner_ = threads_per_learner;
   // Waiting threads spin briefly only where every learner thread has a core of its own.

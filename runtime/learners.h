@@ -218,6 +218,9 @@ class LearnerGroup {
   // With TrainOptions::trace_path: every learner's ops and the group's work. Declared before the
   // learners, whose plans record into it, so it outlives them.
   std::unique_ptr<Trace> trace_;
+  // On the CPU: TBB may run every learner's threads at once, also where they outnumber the cores.
+  // Declared before the learners, whose arenas count on it.
+  std::unique_ptr<ThreadAllowance> allowance_;
   std::vector<std::unique_ptr<Learner>> learners_;
   std::unique_ptr<Trainer> average_;  // its parameters are z; used for evaluation only
   std::unique_ptr<SmaSync> sma_;

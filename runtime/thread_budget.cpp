@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -120,16 +121,16 @@ thread_local bool ThreadBudget::Arena::inside_job = false;
 namespace {
 
 // TBB starts no more threads than its default concurrency (the cores this process may use),
-// whatever an arena asks for. Budgets of more threads than that (a --threads above the cores,
-// warned about) raise the limit to the largest of them while they live, so that their threads
-// exist and take turns on the cores, as those of the pool above do: otherwise ops granted them
-// would run on fewer threads than the plan counts. One control at a time: TBB applies the
-// smallest of those alive.
-class OversizedBudgets {
+// whatever an arena asks for. Allowances of more threads than that (a --threads above the cores,
+// learners that together ask for more; warned about) raise the limit to the largest of them while
+// they live, so that their threads exist and take turns on the cores, as those of the pool above
+// do: otherwise ops granted them would run on fewer threads than the plan counts. One control at
+// a time: TBB applies the smallest of those alive.
+class RaisedLimits {
  public:
-  static OversizedBudgets& get() {
-    static OversizedBudgets budgets;
-    return budgets;
+  static RaisedLimits& get() {
+    static RaisedLimits limits;
+    return limits;
   }
   // True when `threads` is above TBB's default concurrency and now counts; remove() it then.
   bool add(int threads) {
@@ -163,17 +164,25 @@ class OversizedBudgets {
 }  // namespace
 
 struct ThreadBudget::Arena {
-  explicit Arena(int threads)
-      : threads(threads), oversized(OversizedBudgets::get().add(threads)), arena(threads, 1) {}
-  ~Arena() {
-    if (oversized) OversizedBudgets::get().remove(threads);
-  }
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-  int threads;
-  bool oversized;
+  explicit Arena(int threads) : allowance(threads), arena(threads, 1) {}
+  ThreadAllowance allowance;  // before the arena: TBB's limit is raised when the arena first asks
   mutable tbb::task_arena arena;
 };
+#endif
+
+#ifdef QUIVER_OWN_THREAD_POOL
+ThreadAllowance::ThreadAllowance(int threads) : threads_(threads), raised_(false) {}
+ThreadAllowance::~ThreadAllowance() = default;
+int thread_limit() { return std::numeric_limits<int>::max(); }
+#else
+int thread_limit() {
+  return static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+}
+
+ThreadAllowance::ThreadAllowance(int threads) : threads_(threads), raised_(RaisedLimits::get().add(threads)) {}
+ThreadAllowance::~ThreadAllowance() {
+  if (raised_) RaisedLimits::get().remove(threads_);
+}
 #endif
 
 ThreadBudget::ThreadBudget(int threads) : threads_(threads) {

@@ -40,6 +40,28 @@ class ThreadBudget final : public ExecContext {
   mutable std::vector<std::thread::id> recorded_;
 };
 
+// While alive, TBB may run `threads` threads at once (its workers plus one caller) where that is
+// more than the cores; at or below them it changes nothing. A ThreadBudget above the cores holds
+// one for itself. Budgets within the cores that together ask for more threads than the cores hold
+// one for their sum: a group of learners of T threads each has each learner's thread run its ops
+// with T - 1 workers, which would otherwise share TBB's cores - 1. In ThreadSanitizer builds,
+// whose budgets start their own threads, it does nothing.
+class ThreadAllowance {
+ public:
+  explicit ThreadAllowance(int threads);
+  ~ThreadAllowance();
+  ThreadAllowance(const ThreadAllowance&) = delete;
+  ThreadAllowance& operator=(const ThreadAllowance&) = delete;
+
+ private:
+  int threads_;
+  bool raised_;
+};
+
+// The most threads TBB may run at once now (the cores, or a live allowance above them); in
+// ThreadSanitizer builds, whose budgets start their own threads, no limit (INT_MAX).
+int thread_limit();
+
 // Cores this process may use (the affinity mask, not just the machine's core count).
 int available_cores();
 

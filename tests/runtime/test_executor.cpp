@@ -224,6 +224,41 @@ TEST(ThreadBudget, UsesTheThreadsItGrants) {
   }
 }
 
+// Budgets each within the cores that together ask for more (learners of several threads each):
+// under an allowance for their sum, two budgets of `cores` threads run all 2 x cores bodies at
+// once (each body waits, up to 10 s, for every one of them). Without it TBB has cores - 1
+// workers for the two budgets' 2 x (cores - 1) seats, and the bodies wait out the 10 s. The
+// limit falls back when the allowance goes.
+TEST(ThreadBudget, BudgetsSideBySideUseAllTheirThreadsUnderAnAllowance) {
+  const int k = std::max(2, available_cores());
+  const int limit_before = thread_limit();
+  {
+    ThreadAllowance allowance(2 * (k - 1) + 1);
+    EXPECT_GE(thread_limit(), 2 * (k - 1) + 1);
+    std::mutex mutex;
+    std::condition_variable arrived;
+    std::set<std::thread::id> seen;
+    std::vector<std::set<std::thread::id>> seen_by(2);
+    auto run = [&](int b) {
+      ThreadBudget budget(k);
+      budget.parallel_for(k, 1, [&](int64_t, int64_t) {
+        std::unique_lock<std::mutex> lock(mutex);
+        seen.insert(std::this_thread::get_id());
+        seen_by[b].insert(std::this_thread::get_id());
+        arrived.notify_all();
+        arrived.wait_for(lock, std::chrono::seconds(10), [&] { return static_cast<int>(seen.size()) >= 2 * k; });
+      });
+    };
+    std::thread other(run, 1);
+    run(0);
+    other.join();
+    EXPECT_EQ(static_cast<int>(seen.size()), 2 * k);
+    EXPECT_EQ(static_cast<int>(seen_by[0].size()), k);
+    EXPECT_EQ(static_cast<int>(seen_by[1].size()), k);
+  }
+  EXPECT_EQ(thread_limit(), limit_before);
+}
+
 // A body that throws (on whichever thread runs that chunk) reaches the caller once the others
 // have let go, and the budget stays usable: in the TBB build and in the TSAN build's own pool.
 TEST(ThreadBudget, AThrowingBodyReachesTheCallerAndTheBudgetLivesOn) {

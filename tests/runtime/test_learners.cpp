@@ -783,6 +783,29 @@ TEST(Learners, SqrtScalingTrainsKLearnersAtRootKTimesTheRate) {
   }
 }
 
+// Learners of several threads each that together outnumber the cores (quiver-train warns) get
+// their threads: while the group lives TBB may run every learner's thread and its workers at
+// once (ThreadBudget.BudgetsSideBySideUseAllTheirThreadsUnderAnAllowance shows what that buys);
+// resized to fit the cores, and once it is gone, the limit is back where it was.
+TEST(Learners, LearnersAboveTheCoresMayRunAllTheirThreads) {
+  const int t = std::max(2, available_cores());
+  const int limit_before = thread_limit();
+  Batches data(16);
+  TrainOptions train = recipe();
+  train.policy = "intra";
+  train.threads = 2 * t;
+  {
+    LearnerGroup group(models::mlp(), train, LearnerOptions{2, t, SmaOptions{}});
+    EXPECT_GE(thread_limit(), 2 * (t - 1) + 1);
+    EXPECT_TRUE(std::isfinite(group.round(data.images.data(), data.labels.data())));
+    group.resize(2, 1);
+    EXPECT_EQ(thread_limit(), limit_before);
+    group.resize(2, t);
+    EXPECT_GE(thread_limit(), 2 * (t - 1) + 1);
+  }
+  EXPECT_EQ(thread_limit(), limit_before);
+}
+
 TEST(Learners, SynchronousSgdNeedsSgd) {
   TrainOptions adam = recipe();
   adam.optimizer = "adam";
