@@ -23,9 +23,11 @@ Value sum_contributions(GraphBuilder& builder, const std::vector<Value>& parts, 
 
 void build_backward(GraphBuilder& builder, Value loss) {
   Graph& graph = builder.graph();
-  if (graph.value(loss.id).shape.rank() != 0)
-    throw Error(cat("backward: loss '", graph.value(loss.id).name, "' must be a scalar, not ",
-                    graph.value(loss.id).shape.str()));
+  const ValueInfo& loss_info = graph.value(graph.id_of(loss, "backward: loss"));
+  if (loss_info.shape.rank() != 0)
+    throw Error(cat("backward: loss '", loss_info.name, "' must be a scalar, not ", loss_info.shape.str()));
+  if (loss_info.dtype != DType::F32)
+    throw Error(cat("backward: loss '", loss_info.name, "' must be a float32 scalar, not ", name_of(loss_info.dtype)));
   for (const ParamInfo& param : graph.params())
     if (param.grad >= 0) throw Error("backward: gradients were already built for this graph");
 
@@ -98,16 +100,21 @@ std::vector<NodeId> readers_of(const Graph& graph, ValueId value) {
   return graph.consumers(value);
 }
 
-void check_backward_built(const Graph& graph) {
+// Updates need gradients, and one optimizer: a second would update every parameter twice a step
+// (two SGD updates would also share one velocity).
+void check_ready_for_updates(const Graph& graph) {
   for (const ParamInfo& param : graph.params())
     if (param.grad < 0) throw Error("optimizer: call build_backward before adding updates");
+  for (const Node& node : graph.nodes())
+    if (OpRegistry::global().get(node.op).updates_in_place)
+      throw Error(cat("optimizer: the graph has updates already ('", node.name, "'); add one optimizer, once"));
 }
 
 }  // namespace
 
 void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions& options) {
   Graph& graph = builder.graph();
-  check_backward_built(graph);
+  check_ready_for_updates(graph);
   if (!(options.momentum >= 0.0 && options.momentum < 1.0))
     throw Error(cat("sgd: momentum must be in [0, 1), got ", options.momentum));
   if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
@@ -117,7 +124,7 @@ void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions
     Value velocity = builder.state(static_cast<int>(index), "velocity");
     Attrs attrs;
     attrs.set("momentum", options.momentum).set("weight_decay", options.weight_decay);
-    builder.apply("sgd_update", {Value{param.value}, Value{param.grad}, velocity, learning_rate},
+    builder.apply("sgd_update", {graph.handle(param.value), graph.handle(param.grad), velocity, learning_rate},
                   attrs, param.name + "/update", readers_of(graph, param.value));
   }
 }
@@ -125,7 +132,7 @@ void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions
 void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
                      const AdamOptions& options) {
   Graph& graph = builder.graph();
-  check_backward_built(graph);
+  check_ready_for_updates(graph);
   // beta = 1 would divide by zero in the bias correction; epsilon = 0 would turn a zero gradient into 0/0.
   if (!(options.beta1 >= 0.0 && options.beta1 < 1.0)) throw Error(cat("adam: beta1 must be in [0, 1), got ", options.beta1));
   if (!(options.beta2 >= 0.0 && options.beta2 < 1.0)) throw Error(cat("adam: beta2 must be in [0, 1), got ", options.beta2));
@@ -141,7 +148,7 @@ void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
     attrs.set("beta1", options.beta1).set("beta2", options.beta2)
         .set("epsilon", options.epsilon).set("weight_decay", options.weight_decay);
     builder.apply("adam_update",
-                  {Value{param.value}, Value{param.grad}, first_moment, second_moment,
+                  {graph.handle(param.value), graph.handle(param.grad), first_moment, second_moment,
                    learning_rate, step},
                   attrs, param.name + "/update", readers_of(graph, param.value));
   }

@@ -1,5 +1,6 @@
 #include "core/builder.h"
 
+#include <cmath>
 #include <string_view>
 
 #include "core/error.h"
@@ -9,18 +10,25 @@ namespace quiver {
 
 namespace {
 
-// A value's shape: every extent at least 1 and the element count within int64 (a negative or
-// zero extent would reach the allocator and the kernels as a huge or empty buffer).
+// A value's shape: every extent at least 1 and at most 2^59 elements, whose bytes, and the sums
+// of several tensors' bytes, stay well within int64 (a negative or zero extent would reach the
+// allocator and the kernels as a huge or empty buffer).
 void check_extents(const Shape& shape, const std::string& what) {
+  constexpr int64_t kMostElements = int64_t{1} << 59;
   int64_t count = 1;
   for (int64_t extent : shape.dims()) {
     if (extent < 1) throw Error(cat(what, " has shape ", shape.str(), ": every extent must be >= 1"));
-    if (__builtin_mul_overflow(count, extent, &count))
-      throw Error(cat(what, " has shape ", shape.str(), ": more elements than a tensor can hold"));
+    if (__builtin_mul_overflow(count, extent, &count) || count > kMostElements)
+      throw Error(cat(what, " has shape ", shape.str(), ": more elements than a tensor can hold (2^59)"));
   }
 }
 
 }  // namespace
+
+void GraphBuilder::pop_scope() {
+  if (scopes_.empty()) throw Error("pop_scope: no scope is open (every pop_scope needs a push_scope before it)");
+  scopes_.pop_back();
+}
 
 std::string GraphBuilder::scoped(const std::string& name) const {
   std::string full;
@@ -36,13 +44,16 @@ Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dty
   info.shape = shape;
   info.dtype = dtype;
   info.role = ValueRole::Input;
-  return Value{graph_.add_value(std::move(info))};
+  return graph_.handle(graph_.add_value(std::move(info)));
 }
 
 Value GraphBuilder::parameter(const std::string& name, const Shape& shape, ParamInit init) {
   std::string full = scoped(name);
   if (graph_.has_name(full)) throw Error(cat("parameter '", full, "' is defined twice"));
   check_extents(shape, cat("parameter '", full, "'"));
+  if (init.kind == InitKind::Uniform && !(std::isfinite(init.bound) && init.bound >= 0.0 && init.terms >= 1))
+    throw Error(cat("parameter '", full, "': a uniform init needs a finite bound >= 0 and terms >= 1, got bound ",
+                    init.bound, " and terms ", init.terms));
   ValueInfo info;
   info.name = full;
   info.shape = shape;
@@ -50,7 +61,7 @@ Value GraphBuilder::parameter(const std::string& name, const Shape& shape, Param
   info.param_index = static_cast<int>(graph_.params().size());
   ValueId id = graph_.add_value(std::move(info));
   graph_.add_param(ParamInfo{full, id, -1, init});
-  return Value{id};
+  return graph_.handle(id);
 }
 
 Value GraphBuilder::state(int param_index, const std::string& kind) {
@@ -63,7 +74,7 @@ Value GraphBuilder::state(int param_index, const std::string& kind) {
   info.role = ValueRole::State;
   info.param_index = param_index;
   info.state_kind = kind;
-  return Value{graph_.add_value(std::move(info))};
+  return graph_.handle(graph_.add_value(std::move(info)));
 }
 
 std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<Value>& inputs,
@@ -76,13 +87,15 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
   node.attrs = std::move(attrs);
   node.control_inputs = std::move(control_inputs);
   InferContext infer{node, {}};
-  for (Value input : inputs) {
-    if (!input.valid() || input.id >= static_cast<ValueId>(graph_.values().size()))
-      throw Error(cat(op, " '", node.name, "': an input value is invalid"));
-    const ValueInfo& info = graph_.value(input.id);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& info = graph_.value(graph_.id_of(inputs[i], cat(op, " '", node.name, "': input ", i)));
     infer.inputs.push_back({info.shape, info.dtype});
-    node.inputs.push_back(input.id);
+    node.inputs.push_back(info.id);
   }
+  // Checked here as well as by Graph::add_node: nothing is added to the graph for a node refused.
+  for (NodeId control : node.control_inputs)
+    if (control < 0 || control >= static_cast<NodeId>(graph_.nodes().size()))
+      throw Error(cat(op, " '", node.name, "': control input ", control, " does not exist"));
   std::vector<TensorType> outputs;
   try {
     outputs = def.infer(infer);
@@ -105,7 +118,7 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
     info.dtype = outputs[i].dtype;
     ValueId id = graph_.add_value(std::move(info));
     node.outputs.push_back(id);
-    results.push_back(Value{id});
+    results.push_back(graph_.handle(id));
   }
   graph_.add_node(std::move(node));
   return results;
@@ -113,8 +126,11 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
 
 Value GraphBuilder::apply1(const std::string& op, const std::vector<Value>& inputs, Attrs attrs,
                            const std::string& name) {
+  if (OpRegistry::global().get(op).updates_in_place)
+    throw Error(cat(op, ": updates in place and has no output value; build it with apply()"));
   std::vector<Value> outputs = apply(op, inputs, std::move(attrs), name);
-  return outputs.at(0);
+  if (outputs.empty()) throw Error(cat(op, ": has no output value; build it with apply()"));
+  return outputs[0];
 }
 
 Value GraphBuilder::matmul(Value a, Value b, bool trans_a, bool trans_b, const std::string& name) {
@@ -145,6 +161,7 @@ Value GraphBuilder::conv2d(Value x, Value w, Conv2dAttrs conv, const std::string
 }
 
 Value GraphBuilder::max_pool2d(Value x, int64_t kernel, int64_t stride, const std::string& name) {
+  if (stride < 0) throw Error(cat("max_pool2d", name.empty() ? "" : cat(" '", scoped(name), "'"), ": stride must be >= 1 (or 0 for the kernel size), got ", stride));
   Attrs attrs;
   attrs.set("kernel", kernel).set("stride", stride > 0 ? stride : kernel);
   return apply("max_pool2d", {x}, attrs, name).at(0);

@@ -23,7 +23,7 @@ class GraphBuilder {
 
   Graph& graph() { return graph_; }
   const Graph& graph() const { return graph_; }
-  const Shape& shape(Value value) const { return graph_.value(value.id).shape; }
+  const Shape& shape(Value value) const { return graph_.value(graph_.id_of(value, "shape")).shape; }
 
   Value input(const std::string& name, const Shape& shape, DType dtype = DType::F32);
   Value parameter(const std::string& name, const Shape& shape, ParamInit init);
@@ -49,7 +49,7 @@ class GraphBuilder {
   Value tanh(Value x, const std::string& name = "");
   // x (B, C, H, W), w (O, C, KH, KW) -> (B, O, OH, OW).
   Value conv2d(Value x, Value w, Conv2dAttrs attrs = {}, const std::string& name = "");
-  Value max_pool2d(Value x, int64_t kernel, int64_t stride = 0, const std::string& name = "");
+  Value max_pool2d(Value x, int64_t kernel, int64_t stride = 0, const std::string& name = "");  // stride 0: kernel
   Value reshape(Value x, const Shape& shape, const std::string& name = "");
   Value flatten(Value x, const std::string& name = "");  // (B, ...) -> (B, rest)
   // Mean softmax cross-entropy of logits (B, C) against int32 labels (B): a scalar.
@@ -61,7 +61,7 @@ class GraphBuilder {
   Value fill(const Shape& shape, double value, const std::string& name = "");
 
   void push_scope(const std::string& scope) { scopes_.push_back(scope); }
-  void pop_scope() { scopes_.pop_back(); }
+  void pop_scope();  // throws quiver::Error when no scope is open
   std::string scoped(const std::string& name) const;
 
  private:

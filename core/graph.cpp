@@ -1,6 +1,8 @@
 #include "core/graph.h"
 
+#include <atomic>
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 
@@ -66,6 +68,42 @@ ParamInit ParamInit::he_uniform(int64_t fan_in) {
 
 ParamInit ParamInit::glorot_uniform(int64_t fan_in, int64_t fan_out) {
   return uniform(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+}
+
+namespace {
+std::atomic<uint64_t> graphs_made{0};
+}
+
+Graph::Graph() : serial_(++graphs_made) {}
+
+const ValueInfo& Graph::value(ValueId id) const {
+  if (id < 0 || id >= static_cast<ValueId>(values_.size()))
+    throw Error(cat("no value ", id, " in this graph (it has ", values_.size(), ")"));
+  return values_[static_cast<size_t>(id)];
+}
+
+ValueInfo& Graph::value(ValueId id) { return const_cast<ValueInfo&>(std::as_const(*this).value(id)); }
+
+const Node& Graph::node(NodeId id) const {
+  if (id < 0 || id >= static_cast<NodeId>(nodes_.size()))
+    throw Error(cat("no node ", id, " in this graph (it has ", nodes_.size(), ")"));
+  return nodes_[static_cast<size_t>(id)];
+}
+
+Node& Graph::node(NodeId id) { return const_cast<Node&>(std::as_const(*this).node(id)); }
+
+Value Graph::handle(ValueId id) const {
+  value(id);  // exists
+  return Value(id, serial_);
+}
+
+ValueId Graph::id_of(Value handle, const std::string& what) const {
+  if (!handle.valid()) throw Error(cat(what, ": the value is empty (a default Value)"));
+  if (handle.graph != 0 && handle.graph != serial_)
+    throw Error(cat(what, ": the value belongs to another graph (one GraphBuilder's values work in its graph only)"));
+  if (handle.id >= static_cast<ValueId>(values_.size()))
+    throw Error(cat(what, ": no value ", handle.id, " in this graph (it has ", values_.size(), ")"));
+  return handle.id;
 }
 
 ValueId Graph::add_value(ValueInfo info) {

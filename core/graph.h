@@ -17,9 +17,15 @@ namespace quiver {
 using ValueId = int;
 using NodeId = int;
 
-// A handle the builder API passes around.
+// A handle the builder API passes around: a value's id in its graph. Handles a GraphBuilder makes
+// (and Graph::handle) carry their graph's serial, so a handle from another graph is refused with
+// an error rather than taken as whichever value has its id there. Value(id) carries none (0) and
+// is taken at its word.
 struct Value {
   ValueId id = -1;
+  uint64_t graph = 0;
+  Value() = default;
+  explicit Value(ValueId id, uint64_t graph = 0) : id(id), graph(graph) {}
   bool valid() const { return id >= 0; }
 };
 
@@ -96,10 +102,13 @@ struct ParamInfo {
 
 class Graph {
  public:
-  const ValueInfo& value(ValueId id) const { return values_.at(id); }
-  ValueInfo& value(ValueId id) { return values_.at(id); }
-  const Node& node(NodeId id) const { return nodes_.at(id); }
-  Node& node(NodeId id) { return nodes_.at(id); }
+  Graph();  // a new serial; a copy keeps its original's, so their handles work on both
+
+  // Lookups by id; an id that does not exist throws quiver::Error.
+  const ValueInfo& value(ValueId id) const;
+  ValueInfo& value(ValueId id);
+  const Node& node(NodeId id) const;
+  Node& node(NodeId id);
   const std::vector<ValueInfo>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -115,7 +124,14 @@ class Graph {
   ValueId find(const std::string& name) const;
   bool has_name(const std::string& name) const;
 
+  uint64_t serial() const { return serial_; }
+  Value handle(ValueId id) const;  // the handle of an existing value, carrying this graph's serial
+  // The id of `value`, after checking that it names a value of this graph (or of a copy of it);
+  // otherwise throws quiver::Error starting with `what`.
+  ValueId id_of(Value value, const std::string& what) const;
+
  private:
+  uint64_t serial_;
   std::vector<ValueInfo> values_;
   std::vector<Node> nodes_;
   std::vector<ParamInfo> params_;

@@ -16,6 +16,9 @@ GradContext::GradContext(GraphBuilder& builder, const Node& node, std::vector<Va
     : builder_(builder), node_(node), output_grads_(std::move(output_grads)),
       input_grads_(node.inputs.size()), needs_grad_(std::move(needs_grad)) {}
 
+Value GradContext::input(int i) const { return builder_.graph().handle(node_.inputs.at(static_cast<size_t>(i))); }
+Value GradContext::output(int i) const { return builder_.graph().handle(node_.outputs.at(static_cast<size_t>(i))); }
+
 const Shape& GradContext::input_shape(int i) const {
   return builder_.graph().value(node_.inputs.at(i)).shape;
 }

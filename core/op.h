@@ -103,8 +103,8 @@ class GradContext {
               std::vector<bool> needs_grad);
   GraphBuilder& builder() { return builder_; }
   const Node& node() const { return node_; }
-  Value input(int i) const { return Value{node_.inputs.at(i)}; }
-  Value output(int i) const { return Value{node_.outputs.at(i)}; }
+  Value input(int i) const;
+  Value output(int i) const;
   Value output_grad(int i) const { return output_grads_.at(i); }
   const Shape& input_shape(int i) const;
   // False for inputs no parameter's gradient flows through (the images): skip their work.

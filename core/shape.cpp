@@ -6,7 +6,8 @@ namespace quiver {
 
 int64_t Shape::numel() const {
   int64_t count = 1;
-  for (int64_t extent : dims_) count *= extent;
+  for (int64_t extent : dims_)
+    if (__builtin_mul_overflow(count, extent, &count)) throw Error(cat("shape ", str(), ": more elements than int64 holds"));
   return count;
 }
 

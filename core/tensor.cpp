@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -14,6 +15,8 @@ constexpr int64_t kAlignment = 64;
 }
 
 Storage::Storage(int64_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes < 0 || bytes > std::numeric_limits<int64_t>::max() - kAlignment)
+    throw Error(cat("storage of ", bytes, " bytes: not a size a buffer can have"));
   if (!device.is_cpu()) {
     data_ = backend_for(device).allocate(device.index, std::max<int64_t>(bytes, kAlignment));
     return;
@@ -35,7 +38,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DT
     : storage_(std::move(storage)), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  return Tensor(std::make_shared<Storage>(shape.numel() * size_of(dtype), device), 0, shape, dtype);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape.numel(), static_cast<int64_t>(size_of(dtype)), &bytes))
+    throw Error(cat("tensor of shape ", shape.str(), ": more bytes than int64 holds"));
+  return Tensor(std::make_shared<Storage>(bytes, device), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {

@@ -79,7 +79,12 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
   switch (options_.policy) {
     case Policy::Serial: capacity_ = 1; break;
     case Policy::Intra: capacity_ = options_.threads; break;
-    case Policy::Fixed: lane_count = options_.inter, capacity_ = options_.inter * options_.intra; break;
+    case Policy::Fixed:
+      lane_count = options_.inter;
+      if (__builtin_mul_overflow(options_.inter, options_.intra, &capacity_) || capacity_ > 65536)
+        throw Error(cat("executor: policy fixed: inter ", options_.inter, " x intra ", options_.intra,
+                        " threads is more than 65536"));
+      break;
     case Policy::Auto: lane_count = options_.threads, capacity_ = options_.threads; break;
   }
   if (lane_count < 1 || capacity_ < 1 || (options_.policy == Policy::Fixed && options_.intra < 1))

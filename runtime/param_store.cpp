@@ -24,7 +24,9 @@ double unit_uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 
 ParamStore::ParamStore(const Graph& graph, Device device) : device_(device) {
   for (const ParamInfo& param : graph.params()) {
     ParamSlot slot{param.name, graph.value(param.value).shape, flat_size_, param.init};
-    flat_size_ += (slot.shape.numel() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    const int64_t padded = (slot.shape.numel() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    if (__builtin_add_overflow(flat_size_, padded, &flat_size_))
+      throw Error(cat("parameters up to '", param.name, "': more elements than int64 holds"));
     slots_.push_back(std::move(slot));
   }
   params_ = Tensor::zeros(Shape{flat_size_}, DType::F32, device);

@@ -20,8 +20,8 @@ namespace {
 std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& fetches) {
   std::vector<bool> needed(graph.nodes().size(), false);
   std::vector<NodeId> stack;
-  for (Value fetch : fetches) {
-    NodeId producer = graph.value(fetch.id).producer;
+  for (size_t i = 0; i < fetches.size(); ++i) {
+    NodeId producer = graph.value(graph.id_of(fetches[i], cat("plan: fetch ", i))).producer;
     if (producer >= 0) stack.push_back(producer);
   }
   for (const Node& node : graph.nodes())
@@ -59,8 +59,8 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
     context_ = std::make_shared<ThreadBudget>(options.threads);
   profile_ = options.profile;
   device_graphs_ = options.device_graphs && !device_.is_cpu();
-  store.check_compatible(graph);
-  for (NodeId id : needed_nodes(graph, fetches)) {
+  store.check_compatible(graph_);
+  for (NodeId id : needed_nodes(graph_, fetches)) {
     PlanStep step;
     step.node = id;
     steps_.push_back(std::move(step));
@@ -182,7 +182,14 @@ void Plan::choose_kernels(const PlanOptions& options) {
       throw Error(cat(node.op, " '", node.name, "': no ", device_.is_cpu() ? "CPU" : "CUDA",
                       " kernel accepts this node;", reasons));
     step.kernel_name = chosen->name;
-    step.kernel = chosen->prepare(spec);
+    try {  // a missing attribute, a library's refusal: named like a kernel's error at run time
+      step.kernel = chosen->prepare(spec);
+    } catch (const Error& error) {
+      if (std::string(error.what()).find("'" + node.name + "'") != std::string::npos) throw;
+      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+    } catch (const std::exception& error) {
+      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+    }
     kernel_bytes_ += spec.scratch_bytes;
     workspace_bytes_ = std::max(workspace_bytes_, spec.workspace_bytes);
     for (ValueId input : node.inputs) step.inputs.push_back(tensors_[input]);
@@ -203,9 +210,10 @@ const Tensor& Plan::input(const std::string& name) const {
 }
 
 const Tensor& Plan::tensor(Value value) const {
-  const Tensor& tensor = tensors_.at(value.id);
+  const ValueId id = graph_.id_of(value, "plan: tensor");
+  const Tensor& tensor = tensors_[static_cast<size_t>(id)];
   if (!tensor.defined())
-    throw Error(cat("value '", graph_.value(value.id).name, "' is not computed by this plan"));
+    throw Error(cat("value '", graph_.value(id).name, "' is not computed by this plan"));
   return tensor;
 }
 

@@ -2,7 +2,8 @@
 // and the parameter updates need (in id order, which is a topological order), binds parameters,
 // gradients and optimizer state to the replica's flat buffers, plans activation memory (buffers
 // are reused once their last reader has run), chooses each node's kernel from the registry and
-// prepares it once. run() executes the steps serially: the reference executor.
+// prepares it once. run() executes the steps serially: the reference executor. The plan keeps a
+// copy of the graph, so the builder and its graph may go (or grow) once the plan is made.
 // A plan on a CUDA device keeps every tensor on that device and queues its kernels, in order, on
 // its stream (its own, or one shared with other plans of the same learner); the host reaches its
 // tensors through upload() and download(), which go through that stream.
@@ -107,7 +108,7 @@ class Plan {
   void choose_kernels(const PlanOptions& options);
   bool run_device_graph();
 
-  const Graph& graph_;
+  const Graph graph_;  // a copy: the builder's graph may change or go; its handles work on this one
   std::vector<Tensor> tensors_;  // by value id
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;

@@ -74,6 +74,7 @@ double FitClock::epoch_end(int64_t epoch, int64_t batches, bool& keep_going) {
 Trainer::Trainer(ModelSpec model, TrainOptions options)
     : model_(std::move(model)), options_(std::move(options)) {
   check_options(options_);
+  if (!model_.build) throw Error(cat("model '", model_.name, "' has no build function"));
   // Read before anything is allocated: memory_bytes() counts what this trainer touches as it is
   // built (inputs, the LSTM's scratch), which MemAvailable would otherwise count as taken twice.
   const int64_t available = options_.device.is_cpu() ? available_memory_bytes() : -1;
@@ -89,7 +90,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   std::vector<Value> fetches{loss_, probs_};
   if (!options_.apply_update)  // nothing in-place needs the gradients: fetch them
     for (const ValueInfo& info : train_graph_.values())
-      if (info.role == ValueRole::ParamGrad && info.producer >= 0) fetches.push_back(Value{info.id});
+      if (info.role == ValueRole::ParamGrad && info.producer >= 0) fetches.push_back(train_graph_.handle(info.id));
   train_plan_ = std::make_unique<Plan>(train_graph_, *store_, fetches, plan_options);
   plan_options.stream = train_plan_->shared_context();  // one learner, one stream: a device's plans stay ordered
   eval_plan_ = std::make_unique<Plan>(eval_graph_, *store_, std::vector<Value>{eval_logits_}, plan_options);
@@ -143,6 +144,11 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
   for (int64_t extent : model_.sample_shape.dims()) dims.push_back(extent);
   Value images = builder.input("images", Shape(dims));
   *logits = model_.build(builder, images);
+  // The trainer feeds "images", and adds "labels", "learning_rate" and "step" itself.
+  for (const ValueInfo& info : builder.graph().values())
+    if (info.role == ValueRole::Input && info.name != "images")
+      throw Error(cat("model '", model_.name, "' declares input '", info.name,
+                      "': the trainer feeds 'images' only (and adds 'labels', 'learning_rate' and 'step' itself)"));
   const Shape& out = builder.shape(*logits);
   if (out.rank() != 2 || out[0] != batch)
     throw Error(cat("model '", model_.name, "' returned logits of shape ", out.str(),
@@ -194,6 +200,7 @@ int64_t memory_budget(int64_t available, int64_t limit) {
 }
 
 void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which) {
+  if (data.count < 1) throw Error(cat("the ", which, " is empty"));
   const Shape& shape = model.sample_shape;
   // A model of images (the CNN's 1x28x28, the LSTM's 28 steps of 28) takes rows x cols as they
   // are; 14x56 has the values of 28x28 but not its geometry. Others take the values in a row.
@@ -280,9 +287,7 @@ double Trainer::evaluate(const Dataset& data) {
   const Tensor& images = plan.input("images");
   const int64_t batch = images.shape()[0];
   const int64_t features = images.numel() / batch;
-  if (data.rows * data.cols != features)
-    throw Error(cat("evaluate: model takes ", features, " values per sample, the data has ",
-                    data.rows, "x", data.cols));
+  check_samples_fit(model_, data, "evaluation set");
   check_consistent(data, "evaluate");
   const Tensor& logits = plan.tensor(eval_logits_);
   const int64_t classes = logits.shape()[1];
@@ -301,7 +306,7 @@ double Trainer::evaluate(const Dataset& data) {
     plan.run();
     correct += count_correct(on_host(plan, logits, host_logits), data.labels.data() + first, rows, classes);
   }
-  return data.count ? static_cast<double>(correct) / static_cast<double>(data.count) : 0.0;
+  return static_cast<double>(correct) / static_cast<double>(data.count);
 }
 
 }  // namespace quiver

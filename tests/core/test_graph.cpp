@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "core/autodiff.h"
@@ -100,6 +101,81 @@ TEST(Builder, OtherMalformedGraphsAreRejected) {
   EXPECT_THROW(b.softmax_cross_entropy(x, labels), Error);
   Value loss_like = b.relu(x);
   EXPECT_THROW(build_backward(b, loss_like), Error);             // not a scalar
+  Value count = b.input("count", Shape{}, DType::I32);
+  EXPECT_NE(error_of([&] { build_backward(b, count); }).find("must be a float32 scalar"), std::string::npos);
+}
+
+// One optimizer, once: a second would update every parameter twice a step (and two SGD updates
+// would share one velocity).
+TEST(Autodiff, ASecondOptimizerIsRefused) {
+  GraphBuilder b;
+  Value w = b.parameter("w", Shape{3}, ParamInit::uniform(0.5));
+  Value loss = b.reshape(b.matmul(b.reshape(w, Shape{1, 3}), b.reshape(w, Shape{3, 1})), Shape{});
+  build_backward(b, loss);
+  Value lr = b.input("learning_rate", Shape{1});
+  add_sgd_update(b, lr, SgdOptions{});
+  std::string message = error_of([&] { add_sgd_update(b, lr, SgdOptions{}); });
+  EXPECT_NE(message.find("the graph has updates already ('w/update')"), std::string::npos) << message;
+  EXPECT_THROW(add_adam_update(b, lr, b.input("step", Shape{1}), AdamOptions{}), Error);
+}
+
+// Handles that name no value of the builder's graph are quiver::Errors, never a
+// std::out_of_range or a value that happens to have the same id: an empty Value, an id past the
+// end, and a value of another builder (whose id exists here too).
+TEST(Builder, HandlesOfNoValueOrOfAnotherGraphAreRefused) {
+  GraphBuilder a, b;
+  a.input("a", Shape{3, 3});
+  Value from_a = a.input("aw", Shape{3, 3});
+  Value x = b.input("x", Shape{3, 3});
+  b.input("bw", Shape{3, 3});  // the id from_a has
+  std::string message = error_of([&] { b.matmul(x, from_a, false, false, "mm"); });
+  EXPECT_NE(message.find("matmul 'mm': input 1: the value belongs to another graph"), std::string::npos) << message;
+  EXPECT_NE(error_of([&] { b.shape(Value{}); }).find("empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { b.relu(Value{999}); }).find("no value 999"), std::string::npos);
+  EXPECT_NE(error_of([&] { build_backward(b, from_a); }).find("backward: loss: the value belongs to another graph"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { b.graph().value(-1); }).find("no value -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { b.graph().node(0); }).find("no node 0"), std::string::npos);
+  // An update op has no output value for apply1 to return: refused before the graph changes.
+  const size_t values = b.graph().values().size();
+  EXPECT_NE(error_of([&] { b.apply1("sgd_update", {x, x, x, x}); }).find("build it with apply()"), std::string::npos);
+  EXPECT_EQ(b.graph().values().size(), values);
+  // A Value(id) carries no graph and is taken at its word, as the tests' gradient fetches are.
+  EXPECT_NO_THROW(b.relu(Value(x.id)));
+}
+
+// A node refused for its control inputs leaves nothing behind (its outputs were once added first).
+TEST(Builder, ARefusedNodeLeavesTheGraphAsItWas) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 2});
+  const size_t values = b.graph().values().size(), nodes = b.graph().nodes().size();
+  EXPECT_NE(error_of([&] { b.apply("relu", {x}, {}, "r", {5}); }).find("control input 5 does not exist"),
+            std::string::npos);
+  EXPECT_EQ(b.graph().values().size(), values);
+  EXPECT_EQ(b.graph().nodes().size(), nodes);
+}
+
+TEST(Builder, ScopesAndPoolStridesAreChecked) {
+  GraphBuilder b;
+  EXPECT_NE(error_of([&] { b.pop_scope(); }).find("no scope is open"), std::string::npos);
+  b.push_scope("a");
+  b.pop_scope();
+  EXPECT_THROW(b.pop_scope(), Error);
+  Value x = b.input("x", Shape{1, 1, 6, 6});
+  EXPECT_NE(error_of([&] { b.max_pool2d(x, 2, -3, "pool"); }).find("max_pool2d 'pool': stride must be >= 1"),
+            std::string::npos);
+  EXPECT_EQ(b.shape(b.max_pool2d(x, 2)), (Shape{1, 1, 3, 3}));  // 0: the kernel's size
+  EXPECT_EQ(b.shape(b.max_pool2d(x, 2, 1)), (Shape{1, 1, 5, 5}));
+}
+
+TEST(Builder, UniformInitsNeedAFiniteBound) {
+  GraphBuilder b;
+  for (double bound : {std::nan(""), double{INFINITY}, -1.0})
+    EXPECT_NE(error_of([&] { b.parameter(cat("w", bound), Shape{2}, ParamInit::uniform(bound)); }).find("finite bound"),
+              std::string::npos)
+        << bound;
+  EXPECT_THROW(b.parameter("w0", Shape{2}, ParamInit::uniform(0.1, 0)), Error);
+  EXPECT_NO_THROW(b.parameter("w1", Shape{2}, ParamInit::uniform(0.0)));
 }
 
 // Extents below 1 never reach a plan (whose allocation would be handed a negative size), and an
@@ -111,6 +187,11 @@ TEST(Builder, ShapesNeedExtentsOfAtLeastOne) {
   EXPECT_NE(message.find("[-1,784]"), std::string::npos) << message;
   EXPECT_THROW(b.input("empty", Shape{0, 3}), Error);
   EXPECT_THROW(b.input("huge", Shape{int64_t{1} << 32, int64_t{1} << 32}), Error);  // 2^64 elements
+  // 2^62 elements fit in int64, their 2^64 bytes do not: once a 64-byte buffer and a crash.
+  message = error_of([&] { b.input("wide", Shape{int64_t{1} << 30, int64_t{1} << 32}); });
+  EXPECT_NE(message.find("more elements than a tensor can hold"), std::string::npos) << message;
+  EXPECT_THROW(b.parameter("wide_w", Shape{int64_t{1} << 62}, ParamInit::zeros()), Error);
+  EXPECT_THROW(Tensor::empty(Shape{int64_t{1} << 62}), Error);  // 2^64 bytes
   EXPECT_THROW(b.parameter("w", Shape{-3, -5}, ParamInit::zeros()), Error);
   Value x = b.input("y", Shape{2, 3});
   message = error_of([&] { b.reshape(x, Shape{-2, -3}, "flip"); });  // same element count
@@ -300,6 +381,45 @@ TEST(Modules, LayersDrawHeUniformByDefaultAndTorchDefaultsOnRequest) {
     EXPECT_GE(d.max_abs, 0.9 * torch_bound) << names[index];
   }
   EXPECT_NEAR(drawn(store.param(4)).variance, 1.0 / (3 * fan_ins[2]), 0.1 / (3 * fan_ins[2]));
+}
+
+// A plan keeps its own copy of the graph: the builder may go, or grow, once the plan is made, and
+// the builder's handles still name the plan's tensors.
+TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<ParamStore> store;
+  Value y;
+  {
+    GraphBuilder b;
+    Value x = b.input("x", Shape{2, 2});
+    y = b.relu(x);
+    store = std::make_unique<ParamStore>(b.graph());
+    plan = std::make_unique<Plan>(b.graph(), *store, std::vector<Value>{y});
+    b.input("late", Shape{2});  // after the plan: not the plan's
+    EXPECT_NE(error_of([&] { plan->input("late"); }).find("no input or parameter named 'late'"), std::string::npos);
+  }
+  plan->input("x").fill(-1.0f);
+  plan->input("x").f32()[3] = 4.0f;
+  plan->run();
+  EXPECT_FLOAT_EQ(plan->tensor(y).f32()[3], 4.0f);
+  EXPECT_FLOAT_EQ(plan->tensor(y).f32()[0], 0.0f);
+  GraphBuilder other;
+  Value foreign = other.input("x", Shape{2, 2});
+  EXPECT_NE(error_of([&] { plan->tensor(foreign); }).find("belongs to another graph"), std::string::npos);
+  EXPECT_NE(error_of([&] { plan->tensor(Value{}); }).find("empty"), std::string::npos);
+}
+
+// An error while a kernel is prepared (here: fill without its value) names the op and the node,
+// as errors while it runs do.
+TEST(Plan, AnErrorPreparingAKernelNamesTheNode) {
+  GraphBuilder b;
+  Attrs attrs;
+  attrs.set("shape", std::vector<int64_t>{2});
+  Value filled = b.apply1("fill", {}, attrs, "no_value");
+  ParamStore store(b.graph());
+  std::string message = error_of([&] { Plan plan(b.graph(), store, {filled}); });
+  EXPECT_NE(message.find("fill 'no_value': "), std::string::npos) << message;
+  EXPECT_NE(message.find("'value'"), std::string::npos) << message;
 }
 
 TEST(Plan, ActivationBuffersAreReused) {

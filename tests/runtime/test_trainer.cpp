@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -362,6 +363,49 @@ TEST(Trainer, EpochCallbackSeesEachEpochAndCanStop) {
   EXPECT_EQ(calls, 2) << "no epoch after the callback said stop";
   EXPECT_EQ(part.epochs.size(), 2u);
   EXPECT_EQ(part.steps, 20);
+}
+
+// Models and data the trainer cannot use are refused with what is wrong, before any step: a
+// spec with no build function, a model that declares an input the trainer never feeds (or one
+// of its own names), an empty test set, and data to evaluate whose samples do not fit.
+TEST(Trainer, ModelsAndDataItCannotUseAreRefused) {
+  TrainOptions options = small_fit_options(1);
+  auto message_of = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  ModelSpec empty = models::mlp();
+  empty.build = nullptr;
+  EXPECT_NE(message_of([&] { Trainer t(empty, options); }).find("has no build function"), std::string::npos);
+  for (const char* name : {"mask", "labels"}) {
+    ModelSpec extra = models::mlp();
+    const auto build = extra.build;
+    extra.build = [build, name](GraphBuilder& b, Value images) {
+      b.input(name, Shape{4});
+      return build(b, images);
+    };
+    EXPECT_NE(message_of([&] { Trainer t(extra, options); }).find(cat("declares input '", name, "'")),
+              std::string::npos)
+        << name;
+  }
+  Trainer trainer(models::mlp(), options);
+  const Dataset train = synthetic(8, 1);
+  Dataset none = synthetic(8, 2);
+  none.count = 0, none.images.clear(), none.labels.clear();
+  EXPECT_NE(message_of([&] { trainer.fit(train, &none); }).find("the test set is empty"), std::string::npos);
+  EXPECT_NE(message_of([&] { trainer.evaluate(none); }).find("the evaluation set is empty"), std::string::npos);
+  Dataset wide = synthetic(8, 3);
+  wide.rows = 2, wide.cols = 392;  // 784 values a sample, in a row for the MLP: fine
+  EXPECT_NO_THROW(trainer.evaluate(wide));
+  Dataset small = synthetic(8, 4);
+  small.rows = 20, small.cols = 20;
+  small.images.resize(8 * 400);
+  EXPECT_NE(message_of([&] { trainer.evaluate(small); }).find("the evaluation set has samples of 20x20"),
+            std::string::npos);
 }
 
 TEST(Trainer, EvaluateRejectsAnInconsistentDataset) {
