@@ -132,9 +132,15 @@ namespace {
 int run(int argc, char** argv) {
   using namespace quiver;
   TrainCommand command;
+  const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    command = parse_train_command(std::vector<std::string>(argv + 1, argv + argc));
+    command = parse_train_command(args);
   } catch (const std::exception& error) {  // quiver::Error: a bad value, naming the flag
+    // --help still answers beside a bad value (as the benches' does): the user is asking how.
+    if (std::find(args.begin(), args.end(), "--help") != args.end() || std::find(args.begin(), args.end(), "-h") != args.end()) {
+      std::cout << train_usage();
+      return 0;
+    }
     std::cerr << "quiver-train: " << error.what() << "\n";
     return 2;
   }

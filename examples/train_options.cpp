@@ -156,7 +156,8 @@ std::string train_usage() {
          "  --mu-z X               SMA momentum of the average model's move, in [0, 1)\n"
          "                         (default 0.9; with auto, once there are 2+ learners)\n"
          "  --sync sma|ssgd        how learners are kept consistent: sma (default) or synchronous\n"
-         "                         SGD (gradients averaged, one update: k x batch B = batch kB)\n"
+         "                         SGD (gradients averaged, one update: k x batch B = batch kB;\n"
+         "                         CPU and --optimizer sgd only, no --alpha or --mu-z)\n"
          "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
          "                         apart, each folding its correction into the average model as\n"
          "                         it finishes (default 0: synchronous rounds)\n"
@@ -167,7 +168,9 @@ std::string train_usage() {
          "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
          "  --quiet                no live progress line\n"
          "  --help, -h             this text\n"
-         "A value follows its flag (--epochs 3) or an '=' (--epochs=3).\n";
+         "A value follows its flag (--epochs 3) or an '=' (--epochs=3). Out-of-range values and\n"
+         "combinations that cannot work (e.g. --threads-per-learner or --policy fixed with\n"
+         "--learners auto, learners x threads above --threads) are refused, naming the flag.\n";
 }
 
 int learner_threads(const TrainCommand& command) {

@@ -1,8 +1,8 @@
 // CpuStream: a learner's stream on the CPU. Work submitted to it runs in order on the stream's own
 // thread, so learners on different streams progress at once; the thread budget each learner's
 // ops may use is its executor's (a task arena of the granted threads). wait() blocks until the
-// stream is idle and rethrows the first error of its work. The CUDA backend's stream (a
-// non-blocking cudaStream_t) offers the same three calls. wait_at_most(n) is the clock gate of
+// stream is idle and rethrows the first error of its work. (A CUDA learner's stream is ordered
+// through DeviceBackend::order and synchronize instead.) wait_at_most(n) is the clock gate of
 // bounded staleness: it returns once at most n submitted pieces of work are unfinished. The
 // stream's thread, when idle, and a caller of wait_at_most spin for up to 200 us before they
 // sleep: a learner's next step comes within tens of microseconds at small batches, and waking a

@@ -17,8 +17,9 @@ struct IdxArray {
 };
 
 // Throws quiver::Error naming the path on: a file that cannot be opened or read, a bad magic
-// number (shown in hex), or a header or data section shorter than the header promises.
-// Bytes after the data are ignored.
+// number (shown in hex), implausible dims, a header or data section shorter than the header
+// promises, or a gzip stream that is corrupt or cut short (every member's check bytes are read
+// and checked, to the end of the file). Bytes after the data are ignored.
 IdxArray read_idx(const std::string& path);
 
 // Writes `a` as unsigned-byte IDX, gzip-compressed when `gzip` is set. Throws quiver::Error

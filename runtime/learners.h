@@ -1,10 +1,12 @@
 // LearnerGroup: k replicas of a model ("learners") trained at once and kept consistent by
 // synchronous model averaging (Crossbow; DESIGN.md section 3, "Learners and SMA"). A learner owns
 // one replica's flat buffers (parameters, gradients, momentum) through its own Trainer, a
-// pre-step snapshot of its parameters, its compiled plan and executor (the thread budget it was
-// granted), and a stream on which its steps run (learner 0 has none: its steps run on the
-// calling thread, which would otherwise only wait). A round gives every learner one batch, runs the
-// k steps at once, waits, then applies SMA; z, the average model, is what is evaluated.
+// pre-step snapshot of its parameters where SMA needs one (Adam, CUDA; after momentum SGD on the
+// CPU it is recovered from the velocity), its compiled plan and executor (the thread budget it
+// was granted), and a stream on which its steps run (learner 0 has none: its steps run on the
+// calling thread, which would otherwise only wait). A round gives every learner one batch and
+// runs the k steps at once; on the CPU the learners then meet and each applies a share of SMA,
+// on a GPU SMA follows on sync streams. z, the average model, is what is evaluated.
 //
 // fit() trains on a dataset: one prefetching batcher serves every learner (a round takes k
 // batches), z is evaluated after each epoch, and with `tune` the number of learners is tuned while

@@ -66,7 +66,8 @@ class PerfModel {
   // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
   // corrupt, from another CPU, or from another format or Quiver version (with a warning).
   bool load(const std::string& path);
-  // Writes every key's medians to `path` atomically (creating its directory).
+  // Writes every key's medians to `path` atomically (creating its directory). Throws
+  // quiver::Error, replacing nothing, when `path` exists and is not a profile cache.
   void save(const std::string& path) const;
   size_t size() const { return entries_.size(); }
 

@@ -6,7 +6,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 packages=(build-essential cmake ninja-build pkg-config zlib1g-dev libeigen3-dev libdnnl-dev libtbb-dev
-          libgtest-dev libbenchmark-dev nlohmann-json3-dev dataset-fashion-mnist
+          libgtest-dev nlohmann-json3-dev dataset-fashion-mnist
           python3)  # python3: scripts/ (the trace summary, the learners plot)
 if [ "${QUIVER_WITH_TORCH:-0}" = "1" ]; then packages+=(libtorch-dev libopenblas-dev); fi
 missing=()
