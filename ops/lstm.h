@@ -17,14 +17,19 @@ struct LstmCell {
   float i, f, g, o, c, h;
 };
 
+// A gate's sigmoid. The clamp keeps exp() finite: in the cell loop, built with -ffast-math, GCC
+// divides through a reciprocal estimate whose Newton step turns 1 / (1 + inf) into NaN, not 0
+// (a pre-activation below -88.7). exp(80) is 5.5e34: the gate is then 1.8e-35, not 0. NaN passes.
+QUIVER_HD inline float lstm_gate(float pre) { return 1.0f / (1.0f + std::exp(-(pre < -80.0f ? -80.0f : pre))); }
+
 // Pre-activations of the four gates and the previous cell state -> the new cell.
 QUIVER_HD inline LstmCell lstm_cell_forward(float pre_i, float pre_f, float pre_g, float pre_o,
                                             float c_prev) {
   LstmCell cell;
-  cell.i = 1.0f / (1.0f + std::exp(-pre_i));
-  cell.f = 1.0f / (1.0f + std::exp(-pre_f));
+  cell.i = lstm_gate(pre_i);
+  cell.f = lstm_gate(pre_f);
   cell.g = std::tanh(pre_g);
-  cell.o = 1.0f / (1.0f + std::exp(-pre_o));
+  cell.o = lstm_gate(pre_o);
   cell.c = cell.f * c_prev + cell.i * cell.g;
   cell.h = cell.o * std::tanh(cell.c);
   return cell;

@@ -19,9 +19,10 @@ QUIVER_HD inline float softmax_shifted_exp(float logit, float max_logit) {
 QUIVER_HD inline float softmax_normalize(float shifted_exp, double sum) {
   return static_cast<float>(shifted_exp / sum);
 }
-// -log softmax(logits)[label] of one row: log(sum) + max - logit[label].
+// -log softmax(logits)[label] of one row: log(sum) + (max - logit[label]). The two logits are
+// subtracted first, exactly in double: added to a max of 1e20 first, log(sum) would be lost.
 QUIVER_HD inline double softmax_cross_entropy_row(double sum, float max_logit, float label_logit) {
-  return std::log(sum) + max_logit - label_logit;
+  return std::log(sum) + (static_cast<double>(max_logit) - static_cast<double>(label_logit));
 }
 // d loss / d logit of one element, with scale = dloss / B.
 QUIVER_HD inline float softmax_cross_entropy_grad(float probability, bool is_label, float scale) {

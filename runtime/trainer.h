@@ -2,7 +2,9 @@
 // (forward, loss, backward, optimizer update) for the training batch size and a forward-only
 // graph for evaluation, both over one ParamStore; feeds batches from a prefetching Batcher;
 // stops with quiver::Error (naming the step) on a non-finite loss; and reports loss, accuracy and
-// throughput. Multi-learner training builds on the same pieces.
+// throughput. Multi-learner training builds on the same pieces. The loss is known only once the
+// step, its update included, has run: after that error the parameters hold the step that made
+// it (non-finite, as a rule), so a caller who goes on starts again from a checkpoint.
 #pragma once
 
 #include <chrono>

@@ -517,6 +517,63 @@ TEST(Kinks, MaxPoolTiesSendTheGradientToTheFirstMaximum) {
 
 // Every registered op kind is run by a case here (forward or its backward), or by the optimizer's
 // own closed-form tests (test_optimizer.cpp): a new op without a test fails here.
+// One op's output for given inputs, through a plan of `threads` threads (the release build's kernels,
+// vectorized as they train).
+std::vector<float> run_op(const std::function<Value(GraphBuilder&, const std::vector<Value>&)>& build,
+                          const std::vector<std::pair<Shape, std::vector<float>>>& inputs, DType last = DType::F32) {
+  GraphBuilder b;
+  std::vector<Value> values;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    values.push_back(b.input(cat("in", i), inputs[i].first, i + 1 == inputs.size() ? last : DType::F32));
+  Value out = build(b, values);
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {out});
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = plan.input(cat("in", i));
+    for (size_t e = 0; e < inputs[i].second.size(); ++e) {
+      if (in.dtype() == DType::I32)
+        in.i32()[e] = static_cast<int32_t>(inputs[i].second[e]);
+      else
+        in.f32()[e] = inputs[i].second[e];
+    }
+  }
+  plan.run();
+  const Tensor& result = plan.tensor(out);
+  return std::vector<float>(result.f32(), result.f32() + result.numel());
+}
+
+// Gates far into saturation: every unit of a 16-wide layer (the vectorized lanes) has its input
+// gate at -100 and its output gate at +100. The input gate is (all but) 0, so c and h are too
+// (once NaN in the release build, whose cell loop divides through a reciprocal estimate), and the
+// forget gate at -100 passes nothing of c.
+TEST(Extremes, LstmGatesSaturateToZeroNotNan) {
+  const int64_t H = 16;
+  std::vector<float> wx(4 * H, 0.0f), wh(H * 4 * H, 0.0f), bias(4 * H, 0.0f);
+  for (int64_t j = 0; j < H; ++j) {
+    bias[j] = -100.0f;            // i
+    bias[H + j] = j % 2 ? -100.0f : 100.0f;  // f
+    bias[2 * H + j] = 100.0f;     // g
+    bias[3 * H + j] = 100.0f;     // o
+  }
+  const std::vector<float> h = run_op(
+      [](GraphBuilder& b, const std::vector<Value>& in) { return b.lstm(in[0], in[1], in[2], in[3]); },
+      {{Shape{1, 2, 1}, {1.0f, -1.0f}}, {Shape{1, 4 * H}, wx}, {Shape{H, 4 * H}, wh}, {Shape{4 * H}, bias}});
+  ASSERT_EQ(h.size(), static_cast<size_t>(2 * H));
+  for (size_t j = 0; j < h.size(); ++j) EXPECT_NEAR(h[j], 0.0f, 1e-30f) << "h[" << j << "]";  // the gate is 1.8e-35
+}
+
+// The loss of a row of equal logits is log(C) however large they are: log(sum) was once added
+// to the 1e20 first and lost.
+TEST(Extremes, CrossEntropyOfHugeEqualLogitsIsLogC) {
+  for (float logit : {1e20f, -1e30f, 1e30f, 0.0f}) {
+    const std::vector<float> loss = run_op(
+        [](GraphBuilder& b, const std::vector<Value>& in) { return b.softmax_cross_entropy(in[0], in[1]); },
+        {{Shape{2, 4}, std::vector<float>(8, logit)}, {Shape{2}, {0.0f, 3.0f}}}, DType::I32);
+    ASSERT_EQ(loss.size(), 1u);
+    EXPECT_NEAR(loss[0], std::log(4.0), 1e-6) << logit;
+  }
+}
+
 TEST(OpCases, RunEveryRegisteredKind) {
   std::set<std::string> covered = {"sgd_update", "adam_update"};  // tests/ops/test_optimizer.cpp
   for (const OpCase& op_case : all_cases())
