@@ -53,6 +53,12 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
   text.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
   text += header_text;
   const Tensor host = flat.to_cpu();  // a device model is copied out first
+  // A diverged model is not saved: load would refuse it, and the file it replaces may be the last
+  // good one (with one learner the average model is its replica, whose failed step ran in full).
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if (!std::isfinite(host.f32()[i]))
+      throw Error(cat("checkpoint '", path, "': not saved: parameter value ", i, " is ", host.f32()[i],
+                      " (the model has diverged)"));
   text.append(reinterpret_cast<const char*>(host.f32()), static_cast<size_t>(host.bytes()));
   const uint32_t crc = crc_of(text.data(), text.size());
   text.append(reinterpret_cast<const char*>(&crc), sizeof(crc));

@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -156,11 +157,17 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
   }
 
   for (int l = 0; l < lane_count; ++l) state_->lanes.push_back(std::make_unique<State::Lane>());
-  for (int l = 1; l < lane_count; ++l) state_->lanes[l]->thread = std::thread([this, l] { lane_main(l); });
+  for (int l = 1; l < lane_count; ++l) {
+    try {
+      state_->lanes[l]->thread = std::thread([this, l] { lane_main(l); });
+    } catch (const std::system_error& error) {  // no destructor runs for a half-made executor
+      stop_lanes();
+      throw Error(cat("executor: cannot start lane thread ", l, " of ", lane_count - 1, ": ", error.what()));
+    }
+  }
 }
 
-Executor::~Executor() {
-  if (profiles_unsaved_) save_profiles();  // warns, never throws
+void Executor::stop_lanes() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stopping = true;
@@ -168,6 +175,11 @@ Executor::~Executor() {
   for (auto& lane : state_->lanes) lane->wake.notify_all();
   for (auto& lane : state_->lanes)
     if (lane->thread.joinable()) lane->thread.join();
+}
+
+Executor::~Executor() {
+  if (profiles_unsaved_) save_profiles();  // warns, never throws
+  stop_lanes();
 }
 
 int Executor::lanes() const { return static_cast<int>(state_->lanes.size()); }

@@ -172,6 +172,7 @@ class Executor {
   // finishes an op updates the run under the mutex and launches what is ready, keeping the next
   // op for itself when it can, so a chain of ops runs on one thread without hand-offs.
   void lane_main(int lane);
+  void stop_lanes();  // stops and joins every lane thread started
   void run_assigned(int lane, std::unique_lock<std::mutex>& lock);
   void dispatch(int preferred_lane);
   // Which ready ops to start now, and with how many threads, by policy.

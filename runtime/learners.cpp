@@ -32,6 +32,21 @@ double lr_scale(LrScaling rule, int learners) {
   return 1.0;
 }
 
+namespace {
+
+// Learner j's step in round `round`; a quiver::Error from it is said again naming both (the step
+// a trainer's own message names counts that learner's steps).
+template <typename Step>
+double with_learner_named(size_t j, int64_t round, Step&& step) {
+  try {
+    return step();
+  } catch (const Error& error) {
+    throw Error(cat("learner ", j, ", round ", round, ": ", error.what()));
+  }
+}
+
+}  // namespace
+
 int64_t learner_bytes(const Trainer& replica, bool snapshot) {
   return replica.memory_bytes() + (snapshot ? replica.params().flat_size() * 4 : 0);
 }
@@ -159,10 +174,12 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     const Tensor& z = average_->params().flat_params();
     const Tensor& w = learner->trainer->params().flat_params();
     w.copy_from(z);  // every replica starts from the average model
-    if (carry_state && !learners_.empty()) {  // ...and keeps a predecessor's momentum
-      ParamStore& from = learners_[j % learners_.size()]->trainer->params();
+    if (carry_state && !learners_.empty()) {  // ...and keeps a predecessor's momentum and step count
+      Trainer& predecessor = *learners_[j % learners_.size()]->trainer;
+      ParamStore& from = predecessor.params();
       for (const std::string& kind : from.state_kinds())
         learner->trainer->params().flat_state(kind).copy_from(from.flat_state(kind));
+      learner->trainer->continue_steps_from(predecessor.steps_done());  // Adam's moments go with their count
     }
     // After momentum SGD on the CPU the SMA recovers s_j = w_j - v_j, and synchronous SGD reads
     // gradients: only the other SMA paths read a snapshot.
@@ -294,7 +311,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     std::exception_ptr error;
     try {
       if (snapshot) learner.trainer->train_plan().copy(learner.snapshot, learner.trainer->params().flat_params());
-      learner.loss = learner.trainer->train_step(images[j], labels[j]);
+      learner.loss = with_learner_named(j, this_round, [&] { return learner.trainer->train_step(images[j], labels[j]); });
     } catch (...) {
       error = std::current_exception();
       a_step_failed = true;  // no SMA this round
@@ -370,7 +387,7 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
     Learner& learner = *learners_[j];
     ParamStore& params = learner.trainer->params();
     if (!from_velocity) learner.trainer->train_plan().copy(learner.snapshot, params.flat_params());
-    learner.loss = learner.trainer->train_step(x, y);
+    learner.loss = with_learner_named(j, this_round, [&] { return learner.trainer->train_step(x, y); });
     const int64_t absorb_start = trace_clock();
     sma_->absorb(static_cast<int>(j), params.flat_params(),
                  from_velocity ? params.flat_state("velocity") : learner.snapshot, from_velocity,

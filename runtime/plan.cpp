@@ -300,6 +300,8 @@ void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
     throw Error(cat(node.op, " '", node.name, "': ", message));
   } catch (const std::exception& error) {
     throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+  } catch (...) {  // not a std::exception: nothing to say but where
+    throw Error(cat(node.op, " '", node.name, "': the kernel threw an exception of an unknown type"));
   }
 }
 

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <system_error>
 #else
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
@@ -35,9 +36,15 @@ namespace quiver {
 // job runs inline.
 struct ThreadBudget::Arena {
   explicit Arena(int threads) {
-    for (int i = 1; i < threads; ++i) workers.emplace_back([this] { work(); });
+    try {
+      for (int i = 1; i < threads; ++i) workers.emplace_back([this] { work(); });
+    } catch (const std::system_error& error) {  // no destructor runs for a half-made arena
+      stop();
+      throw Error(cat("thread budget: cannot start thread ", workers.size() + 1, " of ", threads - 1, ": ", error.what()));
+    }
   }
-  ~Arena() {
+  ~Arena() { stop(); }
+  void stop() {
     {
       std::lock_guard<std::mutex> lock(mutex);
       stopping = true;

@@ -165,6 +165,10 @@ class Trainer {
   // Before the first step: the executor starts from `tuning` (Executor::adopt). False, changing
   // nothing, without an executor or where the tuning is another plan's or thread count's.
   bool adopt_tuning(const ExecutorTuning& tuning) { return executor_ && executor_->adopt(tuning); }
+  // Steps taken, failed ones included (Adam's bias correction counts them, as do error messages).
+  // A replica that takes over another's optimizer state takes over its count too (a resize).
+  int64_t steps_done() const { return steps_done_; }
+  void continue_steps_from(int64_t steps) { steps_done_ = steps; }
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);

@@ -58,6 +58,32 @@ TEST(Checkpoint, RoundTripIsExactAndResumeContinuesTheLossCurve) {
   std::filesystem::remove(path);
 }
 
+// One learner's average model is its replica, whose failed step has run in full: after a NaN
+// round, save() refuses the diverged model and the last good checkpoint stays loadable (it was
+// once replaced by one that load refuses).
+TEST(Checkpoint, ADivergedModelIsNotSavedOverAGoodOne) {
+  Batches data(8, 22);
+  const std::string path = checkpoint_path("diverged");
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  group.round(data.images.data(), data.labels.data());
+  group.save(path);
+  const std::vector<float> good(group.average().f32(), group.average().f32() + group.average().numel());
+  group.round(data.images.data(), data.labels.data());
+  std::vector<float> poisoned = data.images;
+  for (float& value : poisoned) value = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(group.round(poisoned.data(), data.labels.data()), Error);
+  try {
+    group.save(path);
+    FAIL() << "a diverged model was saved";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("not saved"), std::string::npos) << error.what();
+  }
+  LearnerGroup fresh(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  fresh.load(path);
+  for (size_t i = 0; i < good.size(); ++i) ASSERT_EQ(fresh.average().f32()[i], good[i]) << "parameter " << i;
+  std::filesystem::remove(path);
+}
+
 // A checkpoint carries the epochs finished: a group resumed from it continues the data order
 // where the saving group would, not from the first epoch's order.
 TEST(Checkpoint, ResumeContinuesTheDataOrder) {

@@ -4,15 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <random>
 
@@ -446,6 +450,49 @@ TEST(Executor, ThousandConsecutiveSteps) {
   const Tensor &w = trainer.params().flat_params(), &r = reference.params().flat_params();
   for (int64_t i = 0; i < w.numel(); ++i)
     ASSERT_NEAR(w.f32()[i], r.f32()[i], 1e-3 * std::abs(r.f32()[i]) + 1e-4) << "parameter " << i;
+}
+
+// Address space for `more` bytes beyond what the process maps now (VmSize), no more.
+void limit_address_space_to_now_plus(int64_t more) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int64_t kib = 0;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) kib = std::stoll(line.substr(7));
+  const rlim_t bytes = static_cast<rlim_t>(kib * 1024 + more);
+  rlimit limit{bytes, bytes};
+  setrlimit(RLIMIT_AS, &limit);
+}
+
+// Lanes that cannot all start (here: no address space left for their stacks) are a quiver::Error
+// naming the lane, and the lanes already started are stopped and joined: once the half-made
+// executor's condition variables were destroyed under waiting lanes, and the run hung. Run in a
+// child process (a death test) with its address space capped; the alarm turns a hang into a
+// failure. Not under sanitizers, whose shadow memory a cap on the address space breaks.
+TEST(Executor, LanesThatCannotStartAreAnErrorNotAHang) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "caps the address space, which a sanitizer's shadow memory needs";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4, 4});
+  Value y = b.relu(x);
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {y});
+  EXPECT_EXIT(
+      {
+        alarm(30);
+        limit_address_space_to_now_plus(int64_t{96} << 20);  // room for a few 8 MiB stacks
+        try {
+          Executor executor(plan, executor_options(Policy::Fixed, 1, 2000, 1));
+        } catch (const Error& error) {
+          std::fprintf(stderr, "%s\n", error.what());
+          std::_Exit(3);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(3), "executor: cannot start lane thread [0-9]+ of 1999");
+#endif
 }
 
 TEST(Executor, RejectsBadPolicies) {
