@@ -69,6 +69,21 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
               << "\n";
   if (!command.quiet) group.on_progress(show_progress);
   group.on_evaluation(show_evaluation);
+  // --checkpoint: after every epoch too, so a run stopped in epoch e keeps what e - 1 epochs
+  // trained; resuming from it continues the data order from there.
+  int64_t saved_at_round = -1;
+  auto save = [&](const char* when) {
+    group.save(command.checkpoint);
+    saved_at_round = group.rounds_done();
+    if (live) std::cout << "\n";
+    std::cout << "saved the average model to " << command.checkpoint << " (" << when << ", round "
+              << group.rounds_done() << ")\n";
+  };
+  if (!command.checkpoint.empty())
+    group.on_epoch([&](const EpochReport& epoch) {
+      if (epoch.epoch < command.train.epochs) save(cat("after epoch ", epoch.epoch).c_str());
+      return true;
+    });
   TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
   if (live) std::cout << "\n";
   for (const EpochReport& e : report.epochs)
@@ -118,10 +133,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   }
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
               static_cast<long long>(report.steps), report.seconds);
-  if (!command.checkpoint.empty()) {
-    group.save(command.checkpoint);
-    std::cout << "saved the average model to " << command.checkpoint << "\n";
-  }
+  if (!command.checkpoint.empty() && saved_at_round != group.rounds_done()) save("after training");
   return 0;
 }
 

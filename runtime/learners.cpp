@@ -635,7 +635,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
     if (epoch_complete) ++epochs_done_;  // a cut epoch (max_rounds, a callback) is started again on resume
-    if (epoch_done_ && !epoch_done_(epoch_report)) break;
+    if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = rounds;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;

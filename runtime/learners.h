@@ -137,7 +137,8 @@ class LearnerGroup {
   // `test` after each epoch. Samples/s count every learner's samples.
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
-  // Called after each epoch (evaluation of z included); returning false ends fit() there.
+  // Called after each epoch (evaluation of z included), off the training clock (the tuner's
+  // windows do not count it either); returning false ends fit() there. It may save().
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   // Called after every evaluation of z on the test set in fit() (after each epoch and every
   // TrainOptions::eval_every batches); returning false ends fit() there.

@@ -49,7 +49,7 @@ void check_options(const TrainOptions& o) {
 FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback)
     : every_(every), evaluate_(std::move(evaluate)), callback_(std::move(callback)), start_(Clock::now()) {}
 
-double FitClock::training_seconds() const { return seconds_since(start_) - evaluating_seconds_; }
+double FitClock::training_seconds() const { return seconds_since(start_) - off_clock_seconds_; }
 
 bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
   const double trained = training_seconds();
@@ -57,13 +57,20 @@ bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
   last_accuracy_ = evaluate_();
   evaluated_at_ = batches;
   const bool keep_going = !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
-  evaluating_seconds_ += seconds_since(begin);  // the callback's time is not training either
+  off_clock_seconds_ += seconds_since(begin);  // the callback's time is not training either
   return keep_going;
 }
 
 bool FitClock::between_batches(int64_t epoch, int64_t before, int64_t after) {
   if (every_ <= 0 || after / every_ == before / every_) return true;
   return evaluate_at(epoch, after);
+}
+
+bool FitClock::off_the_clock(const std::function<bool()>& callback) {
+  const Clock::time_point begin = Clock::now();
+  const bool result = callback();
+  off_clock_seconds_ += seconds_since(begin);
+  return result;
 }
 
 double FitClock::epoch_end(int64_t epoch, int64_t batches, bool& keep_going) {
@@ -265,7 +272,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
     report.final_loss = epoch_report.mean_loss;
     if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, global, keep_going);
     report.epochs.push_back(epoch_report);
-    if (epoch_done_ && !epoch_done_(epoch_report)) break;
+    if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = global;
   report.seconds = 0.0;

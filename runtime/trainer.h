@@ -100,6 +100,9 @@ class FitClock {
   // At the end of an epoch, `batches` into the run: the test accuracy, evaluated unless the last
   // evaluation was at this very batch. `keep_going` becomes false when the callback asked to stop.
   double epoch_end(int64_t epoch, int64_t batches, bool& keep_going);
+  // Runs `callback` (an epoch's, which may save a checkpoint) off the training clock, as
+  // evaluations are; returns what it returns.
+  bool off_the_clock(const std::function<bool()>& callback);
 
  private:
   bool evaluate_at(int64_t epoch, int64_t batches);
@@ -107,7 +110,7 @@ class FitClock {
   std::function<double()> evaluate_;
   std::function<bool(const Evaluation&)> callback_;
   std::chrono::steady_clock::time_point start_;
-  double evaluating_seconds_ = 0.0;
+  double off_clock_seconds_ = 0.0;
   int64_t evaluated_at_ = -1;
   double last_accuracy_ = -1.0;
 };
@@ -141,7 +144,8 @@ class Trainer {
   double train_step(const float* images, const int32_t* labels);
 
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
-  // Called after each epoch (evaluation included); returning false ends fit() there.
+  // Called after each epoch (evaluation included), off the training clock; returning false ends
+  // fit() there.
   void on_epoch(std::function<bool(const EpochReport&)> callback) { epoch_done_ = std::move(callback); }
   // Called after every evaluation of the test set in fit(); returning false ends fit() there.
   void on_evaluation(std::function<bool(const Evaluation&)> callback) { evaluated_ = std::move(callback); }
