@@ -365,6 +365,29 @@ TEST(Trainer, EpochCallbackSeesEachEpochAndCanStop) {
   EXPECT_EQ(part.steps, 20);
 }
 
+// An epoch callback (which may save a checkpoint) is not training time, as evaluations are not:
+// by the third epoch's evaluation two callbacks have slept 0.1 s each, and the training time
+// reported with it leaves them out.
+TEST(Trainer, EpochCallbacksAreNotTrainingTime) {
+  const Dataset train = synthetic(40, 3), test = synthetic(12, 4);
+  Trainer trainer(models::mlp(), small_fit_options(3));
+  std::vector<double> trained;
+  trainer.on_evaluation([&](const Evaluation& e) {
+    trained.push_back(e.seconds);
+    return true;
+  });
+  trainer.on_epoch([&](const EpochReport&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const TrainReport report = trainer.fit(train, &test);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(trained.size(), 3u);
+  EXPECT_LT(trained.back(), wall - 0.25) << "three callbacks of 0.1 s are not training time";
+  EXPECT_LT(report.seconds, wall - 0.25);
+}
+
 // Models and data the trainer cannot use are refused with what is wrong, before any step: a
 // spec with no build function, a model that declares an input the trainer never feeds (or one
 // of its own names), an empty test set, and data to evaluate whose samples do not fit.
