@@ -409,7 +409,18 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
       if (!first_error) first_error = std::current_exception();
     }
   }
-  if (first_error) std::rethrow_exception(first_error);
+  if (first_error) {
+    // Queued tasks hold the caller's batches, which the caller may free once the error reaches
+    // it: every learner finishes what it was given first (its later errors are dropped; the
+    // first is the one reported).
+    for (size_t j = 1; j < learners_.size(); ++j) {
+      try {
+        learners_[j]->stream->wait();
+      } catch (...) {
+      }
+    }
+    std::rethrow_exception(first_error);
+  }
   double loss = 0.0;
   for (auto& learner : learners_) loss += learner->loss;
   ++rounds_done_;

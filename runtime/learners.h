@@ -164,7 +164,8 @@ class LearnerGroup {
   // learner's error (a NaN loss) is rethrown after every learner has finished its step.
   // With a staleness bound s, the round returns once no learner is more than s rounds behind:
   // the batches must stay valid until s more rounds have returned (or settle()), the loss is the
-  // mean of each learner's latest finished step, and a learner's error surfaces at a later round.
+  // mean of each learner's latest finished step, and a learner's error surfaces at a later round;
+  // a round that throws has let every learner finish what it was given, so no batch is in use.
   double round(const float* images, const int32_t* labels);
   // The same with learner j's batch at images[j] / labels[j] (k pointers each): no gathering copy.
   double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <future>
 #include <limits>
 #include <memory>
@@ -647,6 +648,31 @@ TEST(Learners, StalenessOptionsAreChecked) {
   } catch (const Error& error) {
     EXPECT_GE(step_named(error), 1) << error.what();
     EXPECT_LE(step_named(error), 640 / 8) << error.what();  // a learner's steps: at most the epoch's batches
+  }
+}
+
+// Under a staleness bound a learner's error surfaces at a later round; the round that throws it
+// lets every learner finish what it was given first, so the caller may free every round's batches
+// at once. (Before, tasks still queued read them after they were freed: the ASan preset shows it.)
+TEST(Learners, ARoundThatThrowsLeavesNoBatchInUse) {
+  TrainOptions train = recipe();
+  train.learning_rate = 1e30;  // diverges within a few rounds
+  for (int learners : {2, 3}) {
+    LearnerGroup group(models::mlp(), train, stale(learners, 2));
+    std::deque<std::unique_ptr<Batches>> alive;
+    bool thrown = false;
+    for (int round = 0; round < 30 && !thrown; ++round) {
+      alive.push_back(std::make_unique<Batches>(learners * 8, 40 + round));
+      try {
+        group.round(alive.back()->images.data(), alive.back()->labels.data());
+      } catch (const Error&) {
+        thrown = true;
+        alive.clear();  // every batch freed at once
+      }
+      if (alive.size() > 3) alive.pop_front();  // the last s + 1 rounds' batches kept, as round() asks
+    }
+    EXPECT_TRUE(thrown) << learners << " learners";
+    EXPECT_NO_THROW(group.settle()) << "nothing left running, no error left behind";
   }
 }
 
