@@ -11,6 +11,12 @@
 #include <optional>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,11 +29,20 @@ namespace {
 
 constexpr const char* kCacheFormat = "quiver-profile-cache";
 constexpr int kCacheVersion = 1;
-// The kernels' version: timings cached by other kernels are stale. Bump it when a kernel's speed
-// changes (0.2: Adam's bias corrections hoisted out of the per-element loop).
-constexpr const char* kQuiverVersion = "0.2";
+#ifndef QUIVER_BUILD_FLAVOR
+#define QUIVER_BUILD_FLAVOR "unknown"
+#endif
+// The kernels' version and the build's type: timings cached by other kernels, or by a debug or
+// sanitizer build, are stale. Bump the number when a kernel's speed changes (0.2: Adam's bias
+// corrections hoisted out of the per-element loop; 0.3: GEMM column cuts, the LSTM's one parallel
+// region, conv scratchpads, branchless max-pool). A stale profile that slipped through heals
+// itself anyway (ExecutorOptions::refresh_steps).
+constexpr const char* kQuiverVersion = "0.3 " QUIVER_BUILD_FLAVOR;
 constexpr std::uintmax_t kLargestCache = std::uintmax_t{64} << 20;  // a cache is a few KB of JSON
 constexpr double kShortest = 1e-7;  // predictions never fall below 0.1 us
+// What a cache may hold: thread counts up to this, and per-op times from 1 ns to 1000 s.
+constexpr int64_t kMostThreads = 65536;
+constexpr double kShortestCached = 1e-9, kLongestCached = 1e3;
 
 // Weighted least squares of y = sum_j x_j * basis_j(p), weights 1/t (relative error).
 // Returns false when the normal equations are singular.
@@ -41,11 +56,16 @@ bool least_squares(const std::vector<std::pair<int, double>>& points, int terms,
       normal[i][3] += row[i] * (seconds * w);
     }
   }
+  // Singular relative to the matrix's own scale (which goes as 1/t^2): the same points in
+  // microseconds or in hours fit alike.
+  double scale = 0.0;
+  for (int i = 0; i < terms; ++i)
+    for (int j = 0; j < terms; ++j) scale = std::max(scale, std::abs(normal[i][j]));
   for (int column = 0; column < terms; ++column) {
     int pivot = column;
     for (int r = column + 1; r < terms; ++r)
       if (std::abs(normal[r][column]) > std::abs(normal[pivot][column])) pivot = r;
-    if (std::abs(normal[pivot][column]) < 1e-12) return false;
+    if (!(std::abs(normal[pivot][column]) > 1e-12 * scale)) return false;
     for (int k = 0; k < 4; ++k) std::swap(normal[column][k], normal[pivot][k]);
     for (int r = 0; r < terms; ++r) {
       if (r == column) continue;
@@ -77,28 +97,38 @@ double ThreadFit::predict(int threads) const {
   return std::max(kShortest, a + b / p + c * p);
 }
 
-ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points) {
+ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points, int up_to) {
   ThreadFit fit;
   if (points.empty()) return fit;
   std::vector<std::pair<int, double>> positive;
-  for (auto [threads, seconds] : points) positive.push_back({threads, std::max(seconds, kShortest)});
+  int largest = 1;
+  double shortest = std::numeric_limits<double>::infinity();
+  for (auto [threads, seconds] : points) {
+    positive.push_back({threads, std::max(seconds, kShortest)});
+    largest = std::max(largest, threads);
+    shortest = std::min(shortest, std::max(seconds, kShortest));
+  }
   if (positive.size() == 1) {
     fit.a = positive[0].second;
     return fit;
   }
   double x[3] = {};
-  auto positive_everywhere = [&](const ThreadFit& candidate) {
-    for (auto [threads, seconds] : positive)
-      if (candidate.a + candidate.b / threads + candidate.c * threads <= 0.0) return false;
+  // A fit is used at every thread count up to `up_to`, measured or not: it must be finite there
+  // and never claim the op runs in under half the shortest time measured (between measured
+  // counts a + b/p + c*p with a < 0 can dip to zero and below, and made 10-13 threads look free).
+  auto plausible = [&](const ThreadFit& candidate) {
+    if (!std::isfinite(candidate.a) || !std::isfinite(candidate.b) || !std::isfinite(candidate.c)) return false;
+    for (int p = 1; p <= std::max(up_to, largest); ++p)
+      if (!(candidate.a + candidate.b / p + candidate.c * p >= 0.5 * shortest)) return false;
     return true;
   };
   if (positive.size() >= 3 && least_squares(positive, 3, x)) {
     ThreadFit full{x[0], x[1], x[2]};
-    if (positive_everywhere(full)) return full;
+    if (plausible(full)) return full;
   }
   if (least_squares(positive, 2, x)) {
     ThreadFit amdahl{x[0], x[1], 0.0};
-    if (positive_everywhere(amdahl)) return amdahl;
+    if (plausible(amdahl)) return amdahl;
   }
   double sum = 0.0;  // degenerate points: the mean time
   for (auto [threads, seconds] : positive) sum += seconds;
@@ -142,7 +172,7 @@ void PerfModel::fit() {
   for (auto& [key, entry] : entries_) {
     std::vector<std::pair<int, double>> points;
     for (const auto& [threads, seconds] : entry.samples) points.push_back({threads, median_of(seconds)});
-    entry.fit = fit_thread_curve(points);
+    entry.fit = fit_thread_curve(points, max_threads_);
     entry.fitted = true;
   }
 }
@@ -190,7 +220,7 @@ std::vector<double> PerfModel::held_out_errors() const {
       std::vector<std::pair<int, double>> rest = points;
       rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(left_out));
       const auto [threads, seconds] = points[left_out];
-      errors.push_back(std::abs(fit_thread_curve(rest).predict(threads) - seconds) / seconds);
+      errors.push_back(std::abs(fit_thread_curve(rest, max_threads_).predict(threads) - seconds) / seconds);
     }
   }
   return errors;
@@ -227,7 +257,12 @@ std::optional<std::string> cache_text(const std::string& path) {
 
 }  // namespace
 
-bool PerfModel::load(const std::string& path) {
+bool PerfModel::load(const std::string& path) { return read(path, /*quiet=*/false); }
+
+bool PerfModel::read(const std::string& path, bool quiet) {
+  const auto warn_once = [quiet](const std::string& message) {
+    if (!quiet) quiver::warn_once(message);
+  };
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
   const std::optional<std::string> text = cache_text(path);
@@ -253,14 +288,20 @@ bool PerfModel::load(const std::string& path) {
       return false;
     }
     for (const auto& [key, op] : cache.at("ops").items()) {
-      auto threads = op.at("threads").get<std::vector<int>>();
-      auto seconds = op.at("median_s").get<std::vector<double>>();
-      if (threads.size() != seconds.size() || threads.empty())
+      const nlohmann::json& threads = op.at("threads");
+      const nlohmann::json& seconds = op.at("median_s");
+      if (!threads.is_array() || !seconds.is_array() || threads.size() != seconds.size() || threads.empty())
         throw std::runtime_error(cat("op '", key, "' has ", threads.size(), " thread counts and ", seconds.size(), " times"));
       for (size_t i = 0; i < threads.size(); ++i) {
-        if (threads[i] < 1 || !std::isfinite(seconds[i]) || seconds[i] <= 0.0)
-          throw std::runtime_error(cat("op '", key, "' has an invalid entry (", threads[i], " threads, ", seconds[i], " s)"));
-        loaded[key].samples[threads[i]].push_back(seconds[i]);
+        // Whole thread counts a machine can have, and times an op of a training step can take.
+        const bool count_ok = threads[i].is_number_integer() && threads[i].get<int64_t>() >= 1 &&
+                              threads[i].get<int64_t>() <= kMostThreads;
+        const bool time_ok = seconds[i].is_number() && seconds[i].get<double>() >= kShortestCached &&
+                             seconds[i].get<double>() <= kLongestCached;
+        if (!count_ok || !time_ok)
+          throw std::runtime_error(cat("op '", key, "' has an invalid entry (", threads[i].dump(), " threads, ",
+                                       seconds[i].dump(), " s)"));
+        loaded[key].samples[threads[i].get<int>()].push_back(seconds[i].get<double>());
       }
     }
   } catch (const std::exception& error) {
@@ -274,9 +315,30 @@ bool PerfModel::load(const std::string& path) {
 
 namespace {
 
+// An exclusive flock on a directory while alive; nothing when the directory cannot be opened (the
+// write that follows then fails with its own message).
+class DirectoryLock {
+ public:
+  explicit DirectoryLock(const std::filesystem::path& directory)
+      : fd_(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~DirectoryLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 // Whether `path` may hold a profile cache, however stale or corrupt: a JSON object whose format is
-// ours, an empty file, or text that starts as a JSON object and does not parse (a cache cut short). save()
-// replaces only such a file (or none): not another JSON document, nor a file that is no JSON.
+// ours, an empty file, or text that does not parse but names our format (a cache cut short). save()
+// replaces only such a file (or none): not another JSON document (one with comments or a trailing
+// comma does not parse either), nor a file that is no JSON.
 bool holds_profile_cache(const std::string& path) {
   const std::optional<std::string> text = cache_text(path);
   if (!text) return false;
@@ -284,7 +346,8 @@ bool holds_profile_cache(const std::string& path) {
   const nlohmann::json cache = nlohmann::json::parse(contents, nullptr, false);  // no exceptions
   if (cache.is_discarded()) {  // empty, or a cache cut short; not some other text
     const size_t first = contents.find_first_not_of(" \t\r\n");
-    return first == std::string::npos || contents[first] == '{';
+    return first == std::string::npos ||
+           (contents[first] == '{' && contents.find(cat("\"", kCacheFormat, "\"")) != std::string::npos);
   }
   return cache.is_object() && cache.contains("format") && cache["format"].is_string() &&
          cache["format"].get<std::string>() == kCacheFormat;
@@ -299,8 +362,19 @@ void PerfModel::save(const std::string& path) const {
   if (std::filesystem::exists(path, exists_error) && !holds_profile_cache(path))
     throw Error(cat("'", path, "' is not a profile cache, so it is left as it is (remove it, or choose another ",
                     "file for the cache)"));
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!parent.empty()) std::filesystem::create_directories(parent, error);
+  // Two processes profiling into one cache (trainings side by side) would each write what it had
+  // loaded plus its own keys, dropping the other's. Under a lock on the cache's directory, keys the
+  // file gained since are merged in (this process's timings win where both have a key).
+  const DirectoryLock lock(parent.empty() ? std::filesystem::path(".") : parent);
+  std::map<std::string, Entry> merged = entries_;
+  PerfModel on_disk(max_threads_);
+  if (on_disk.read(path, /*quiet=*/true))
+    for (auto& [key, entry] : on_disk.entries_) merged.emplace(key, std::move(entry));  // keeps ours
   nlohmann::json ops = nlohmann::json::object();
-  for (const auto& [key, entry] : entries_) {
+  for (const auto& [key, entry] : merged) {
     std::vector<int> threads;
     std::vector<double> seconds;
     for (const auto& [p, times] : entry.samples) threads.push_back(p), seconds.push_back(median_of(times));
@@ -308,9 +382,6 @@ void PerfModel::save(const std::string& path) const {
   }
   nlohmann::json cache = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"quiver", kQuiverVersion},
                           {"cpu", cpu_model()}, {"ops", ops}};
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  std::error_code error;
-  if (!parent.empty()) std::filesystem::create_directories(parent, error);
   write_file_atomically(path, cache.dump(1) + "\n", "profile cache");
 }
 

@@ -29,8 +29,10 @@ struct ThreadFit {
   double predict(int threads) const;
 };
 
-// Least-squares fit of T(p) to (threads, seconds) points, relative error, form by point count.
-ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points);
+// Least-squares fit of T(p) to (threads, seconds) points, relative error, form by point count: the
+// full form where it stays finite and at least half the shortest time measured at every p up to
+// `up_to` (and the largest count measured), else a + b/p under the same test, else the mean.
+ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points, int up_to = 0);
 
 class PerfModel {
  public:
@@ -78,6 +80,7 @@ class PerfModel {
     bool fitted = false;
   };
   const Entry& entry(const std::string& key) const;
+  bool read(const std::string& path, bool quiet);  // load(), with or without its warnings
   int max_threads_;
   std::vector<int> counts_;
   std::map<std::string, Entry> entries_;

@@ -13,19 +13,49 @@ namespace quiver {
 
 namespace {
 
+// The length of the well-formed UTF-8 sequence starting text[i] (1 to 4 bytes), or 0 where the
+// bytes there are not one (a stray continuation byte, a truncated or overlong sequence, a
+// surrogate, or past U+10FFFF).
+size_t utf8_sequence(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return k < text.size() ? static_cast<unsigned char>(text[k]) : 0u; };
+  const unsigned lead = byte(i);
+  if (lead < 0x80) return 1;
+  const auto continuation = [&](size_t k, unsigned low = 0x80, unsigned high = 0xBF) {
+    return byte(k) >= low && byte(k) <= high;
+  };
+  if (lead >= 0xC2 && lead <= 0xDF) return continuation(i + 1) ? 2 : 0;
+  if (lead >= 0xE0 && lead <= 0xEF) {
+    const unsigned low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
+    return continuation(i + 1, low, high) && continuation(i + 2) ? 3 : 0;
+  }
+  if (lead >= 0xF0 && lead <= 0xF4) {
+    const unsigned low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
+    return continuation(i + 1, low, high) && continuation(i + 2) && continuation(i + 3) ? 4 : 0;
+  }
+  return 0;
+}
+
+// `text` as the inside of a JSON string: quotes, backslashes and control characters escaped, and
+// bytes that are not UTF-8 (node names are any bytes) written as the characters U+0080-U+00FF
+// of the same value, so the file stays valid JSON.
 std::string escaped(const std::string& text) {
   std::string out;
-  for (char c : text) {
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    const size_t length = utf8_sequence(text, i);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
+    } else if (length == 0 || static_cast<unsigned char>(c) < 0x20) {
       char code[8];
-      std::snprintf(code, sizeof(code), "\\u%04x", c);
+      std::snprintf(code, sizeof(code), "\\u%04x", static_cast<unsigned char>(c));
       out += code;
     } else {
-      out += c;
+      out.append(text, i, length);
+      i += length;
+      continue;
     }
+    ++i;
   }
   return out;
 }

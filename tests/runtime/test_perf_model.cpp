@@ -58,6 +58,36 @@ TEST(PerfModel, TwoCountsFitAmdahlExactlyAndOneCountIsConstant) {
   EXPECT_DOUBLE_EQ(one.predict(7), 4e-3);
 }
 
+// Points whose full fit dips to zero between the counts measured (a = -23e-5 here): it would
+// call 10-13 threads, never run, nearly free. Every p up to the model's largest is checked, so
+// the fit falls back to a form that stays near what was measured.
+TEST(PerfModel, AFitNeverClaimsAnUnmeasuredCountIsNearlyFree) {
+  std::vector<std::pair<int, double>> points;
+  double shortest = 1.0;
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 16}) {
+    points.push_back({p, 1e-5 * (-23.0 + 128.0 / p + p)});
+    shortest = std::min(shortest, points.back().second);
+  }
+  const ThreadFit fit = fit_thread_curve(points, 16);
+  for (int p = 1; p <= 16; ++p) EXPECT_GE(fit.predict(p), 0.5 * shortest) << p << " threads";
+  PerfModel model(16);
+  for (auto [p, seconds] : points) model.add_sample("op", p, seconds);
+  model.fit();
+  EXPECT_FALSE(model.fastest("op") > 8 && model.fastest("op") < 16) << model.fastest("op");
+}
+
+// The fit is relative: the same curve in microseconds or in hours has the same shape (an
+// absolute singularity threshold once called the hours singular and fitted a flat mean).
+TEST(PerfModel, AFitDoesNotDependOnTheUnitOfTime) {
+  for (double unit : {1e-6, 1.0, 3600.0, 1e6}) {
+    std::vector<std::pair<int, double>> points;
+    for (int p = 1; p <= 8; ++p) points.push_back({p, unit * (2.0 + 30.0 / p + 0.5 * p)});
+    const ThreadFit fit = fit_thread_curve(points, 8);
+    EXPECT_NEAR(fit.b / unit, 30.0, 1e-6) << unit;
+    EXPECT_NEAR(fit.c / unit, 0.5, 1e-6) << unit;
+  }
+}
+
 TEST(PerfModel, GrantIsTheFewestThreadsNearTheBest) {
   PerfModel model(8);
   for (int p : model.profiled_counts()) {
@@ -169,6 +199,17 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   bad = original;
   bad["ops"]["conv"]["median_s"] = {-1.0, 1e-3};
   expect_ignored(bad.dump(), "corrupt");
+  // Thread counts must be whole numbers a machine can have, times those an op can take.
+  for (const nlohmann::json& threads : {nlohmann::json{2.7, 2}, nlohmann::json{4294967297LL, 2}, nlohmann::json{0, 2}}) {
+    bad = original;
+    bad["ops"]["conv"]["threads"] = threads;
+    expect_ignored(bad.dump(), "corrupt");
+  }
+  for (double seconds : {1.7e308, 1e-12, 5e3}) {
+    bad = original;
+    bad["ops"]["conv"]["median_s"] = {seconds, 1e-3};
+    expect_ignored(bad.dump(), "corrupt");
+  }
   bad = original;
   bad["cpu"] = "A CPU from another machine";
   expect_ignored(bad.dump(), "another machine");
@@ -196,7 +237,9 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   std::ofstream(path, std::ios::trunc).close();
   model.save(path);
   ASSERT_TRUE(PerfModel(2).load(path));
-  for (const std::string& other : {std::string("not json at all"), std::string("{\"notes\": [1, 2]}")}) {
+  // A JSON document with comments or a trailing comma does not parse either: still not a cache.
+  for (const std::string& other : {std::string("not json at all"), std::string("{\"notes\": [1, 2]}"),
+                                   std::string("{\n // settings\n \"a\": 1,\n}\n")}) {
     std::ofstream(path, std::ios::trunc) << other;
     try {
       model.save(path);
@@ -215,6 +258,31 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
     ASSERT_EQ(warnings.messages.size(), 1u) << odd;
     EXPECT_NE(warnings.messages[0].find("not a regular file"), std::string::npos) << warnings.messages[0];
   }
+  std::filesystem::remove(path);
+}
+
+// Two processes that profile into one cache each save what they loaded plus their own keys: the
+// second save merges what the first wrote since (its own timings win for keys both have), so
+// neither's profiles are lost.
+TEST(PerfModel, SavesMergeWhatAnotherProcessWroteMeanwhile) {
+  const std::string path = temp_path("shared_cache.json");
+  std::filesystem::remove(path);
+  PerfModel mlp(2), lstm(2);
+  EXPECT_FALSE(mlp.load(path));
+  EXPECT_FALSE(lstm.load(path));
+  mlp.add_sample("matmul", 1, 4e-4), mlp.add_sample("matmul", 2, 2.5e-4);
+  mlp.add_sample("shared", 1, 1e-4), mlp.add_sample("shared", 2, 1e-4);
+  lstm.add_sample("lstm", 1, 9e-4), lstm.add_sample("lstm", 2, 5e-4);
+  lstm.add_sample("shared", 1, 3e-4), lstm.add_sample("shared", 2, 3e-4);
+  mlp.fit(), lstm.fit();
+  mlp.save(path);
+  lstm.save(path);
+  PerfModel both(2);
+  ASSERT_TRUE(both.load(path));
+  EXPECT_EQ(both.size(), 3u);
+  EXPECT_DOUBLE_EQ(both.measured("matmul", 2), 2.5e-4);
+  EXPECT_DOUBLE_EQ(both.measured("lstm", 2), 5e-4);
+  EXPECT_DOUBLE_EQ(both.measured("shared", 1), 3e-4) << "the later save's own timing";
   std::filesystem::remove(path);
 }
 
@@ -376,7 +444,12 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
     EXPECT_EQ(report.find("\nschedule: "), report.rfind("\nschedule: ")) << "the chosen schedule is named once";
     EXPECT_NE(report.find("\nschedule: "), std::string::npos) << report;
   }
-  std::ofstream(path, std::ios::trunc) << "{ truncated";
+  {  // a cache cut short (its first half: it names its format, so save() may replace it)
+    std::ifstream in(path);
+    const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    std::ofstream(path, std::ios::trunc) << whole.substr(0, whole.size() / 2);
+  }
   {
     CapturedWarnings warnings;
     Executor third(trainer->train_plan(), options);

@@ -179,5 +179,19 @@ TEST(Trace, NamesAreEscaped) {
   EXPECT_EQ(document.at("traceEvents").at(0).at("name"), "a \"quoted\" \\ name\n");
 }
 
+// Node names are any bytes: UTF-8 passes as it is, and bytes that are not UTF-8 (Latin-1 'caf\xe9',
+// a stray continuation byte, a cut sequence) become the characters of the same value, so the
+// trace stays JSON (a JSON parser refused the file before).
+TEST(Trace, NamesThatAreNotUtf8StayValidJson) {
+  Trace trace;
+  trace.record(TraceEvent{"caf\xe9", "op", "k", 0, 1, 0, 1, 1, -1});
+  trace.record(TraceEvent{"caf\xc3\xa9 \xe2\x82\xac", "op", "k", 1, 1, 0, 1, 1, -1});  // UTF-8: "café €"
+  trace.record(TraceEvent{"\x80x\xe2\x82", "op", "k", 2, 1, 0, 1, 1, -1});
+  nlohmann::json document = nlohmann::json::parse(trace.json());  // throws on invalid UTF-8
+  EXPECT_EQ(document.at("traceEvents").at(0).at("name"), "caf\xc3\xa9");
+  EXPECT_EQ(document.at("traceEvents").at(1).at("name"), "caf\xc3\xa9 \xe2\x82\xac");
+  EXPECT_EQ(document.at("traceEvents").at(2).at("name"), "\xc2\x80x\xc3\xa2\xc2\x82");
+}
+
 }  // namespace
 }  // namespace quiver
