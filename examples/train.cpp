@@ -209,7 +209,9 @@ int run(int argc, char** argv) {
     if (command.learners > 0) return train_learners(command, train, test, live, show_progress, show_evaluation);
     Trainer trainer(models::by_name(command.model), o);
     if (const Executor* executor = trainer.executor(); executor && executor->policy() == Policy::Auto) {
-      if (executor->loaded_from_cache())
+      if (executor->tuning_runs_left() == 0)  // profiles cached, and one thread leaves one schedule
+        std::cout << "auto: op profiles from " << o.profile_cache << "; one schedule, nothing to try\n";
+      else if (executor->loaded_from_cache())
         std::cout << "auto: op profiles from " << o.profile_cache << "; trying schedules over the first "
                   << executor->tuning_runs_left() << " steps\n";
       else

@@ -678,10 +678,12 @@ std::string Executor::explain() const {
     const Node& node = plan_.graph().node(steps[p].node);
     const int threads = last_threads_[p] > 0 ? last_threads_[p] : grants_[p];
     const double measured = median_of(measured_[p][threads]);
+    char measured_ms[32] = "-";
+    if (measured >= 0) std::snprintf(measured_ms, sizeof(measured_ms), "%.3f", 1e3 * measured);
     std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %2d/%-2d %10.3f %10.3f %10s %11.3f\n", node.op.c_str(),
                   node.name.c_str(), steps[p].kernel_name.c_str(), grants_[p], threads,
-                  1e3 * model_.predict(keys_[p], 1), 1e3 * model_.predict(keys_[p], threads),
-                  measured < 0 ? "-" : cat(1e3 * measured).substr(0, 9).c_str(), 1e3 * bottom_levels_[p]);
+                  1e3 * model_.predict(keys_[p], 1), 1e3 * model_.predict(keys_[p], threads), measured_ms,
+                  1e3 * bottom_levels_[p]);
     text += line;
   }
   text += "grant: granted/given in the last step (given differs when a grant was shrunk or widened)\n";

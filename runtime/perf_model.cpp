@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -243,13 +244,18 @@ std::string PerfModel::cpu_model() {
 namespace {
 
 // The text of the file at `path` when it is a regular file of at most kLargestCache bytes (so a
-// device like /dev/zero is never read for ever), else nothing.
-std::optional<std::string> cache_text(const std::string& path) {
+// device like /dev/zero is never read for ever) that can be read, else nothing and `why` says why.
+std::optional<std::string> cache_text(const std::string& path, std::string* why = nullptr) {
   std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache)
+  if (!std::filesystem::is_regular_file(path, error) || std::filesystem::file_size(path, error) > kLargestCache) {
+    if (why) *why = "not a regular file of at most 64 MiB";
     return std::nullopt;
+  }
   std::ifstream in(path);
-  if (!in) return std::nullopt;
+  if (!in) {
+    if (why) *why = cat("cannot be read (", std::strerror(errno), ")");
+    return std::nullopt;
+  }
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
@@ -265,9 +271,10 @@ bool PerfModel::read(const std::string& path, bool quiet) {
   };
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
-  const std::optional<std::string> text = cache_text(path);
+  std::string why;
+  const std::optional<std::string> text = cache_text(path, &why);
   if (!text) {
-    warn_once(cat("ignoring profile cache '", path, "': not a regular file of at most 64 MiB; ops will be profiled again"));
+    warn_once(cat("ignoring profile cache '", path, "': ", why, "; ops will be profiled again"));
     return false;
   }
   std::map<std::string, Entry> loaded;
