@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
           std::map<int, std::vector<double>>& rate = rates[g];
           std::string row = cat("| ", model, " | ", batch, " | ", o.staleness[g], " | ", static_cast<int64_t>(base), " |");
           for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rate[k])), " |");
-          for (int k : o.learners) row += cat(" ", static_cast<int>(100 * bench::median(rate[k]) / base) / 100.0, " |");
+          for (int k : o.learners) row += cat(" ", bench::fixed(bench::median(rate[k]) / base), " |");
           // The tuner (--learners auto) on the same data and clock gate, up to the most learners
           // measured here; its pick is judged by the fixed configurations' rates measured above.
           LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
           for (int k : o.learners) best = std::max(best, bench::median(rate[k]));
           if (rate.count(chosen.learners))
             row += cat(" ", bench::configuration_cell(chosen.learners, chosen.threads_per_learner, o.device), " | ",
-                       static_cast<int>(100 * bench::median(rate[chosen.learners]) / best) / 100.0, " |");
+                       bench::fixed(bench::median(rate[chosen.learners]) / best), " |");
           else
             row += cat(" ", chosen.learners, " (not measured) | - |");
           const std::vector<bool> far = bench::far_rounds(placement, probes);
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
             std::string note = cat("# ", model, " ", batch, ", staleness ", o.staleness[g], ", the ", o.runs - far_count,
                                    " runs with the cores close together:");
             for (int k : o.learners)
-              note += cat(" ", k, " / single ", static_cast<int>(100 * bench::median(bench::near_only(rate[k], far)) / near_base) / 100.0, ";");
+              note += cat(" ", k, " / single ", bench::fixed(bench::median(bench::near_only(rate[k], far)) / near_base), ";");
             notes += note + "\n";
             std::printf("%s\n", note.c_str());
           }

@@ -112,7 +112,7 @@ Result measure(const std::string& model, int64_t batch, const std::vector<Config
 }
 
 std::string percent(const std::vector<double>& errors) {
-  return errors.empty() ? std::string("n/a") : cat(static_cast<int>(1000 * bench::median(errors)) / 10.0, "%");
+  return errors.empty() ? std::string("n/a") : cat(bench::fixed(100 * bench::median(errors), 1), "%");
 }
 
 }  // namespace
@@ -162,10 +162,10 @@ int main(int argc, char** argv) {
         std::map<std::string, int>& chosen = result.chosen;
         const double intra = bench::median(times["intra"]);
         std::string row = cat("| ", model, " | ", batch, " |");
-        for (const Config& c : list) row += cat(" ", static_cast<int>(1e5 * bench::median(times[c.label])) / 100.0, " |");
+        for (const Config& c : list) row += cat(" ", bench::fixed(1e3 * bench::median(times[c.label])), " |");
         for (const Config& c : list)
           if (c.policy != "intra")
-            row += cat(" ", static_cast<int>(100 * intra / bench::median(times[c.label])) / 100.0, " |");
+            row += cat(" ", bench::fixed(intra / bench::median(times[c.label])), " |");
         std::string choices;
         for (const auto& [name, times_chosen] : chosen) choices += cat(choices.empty() ? "" : ", ", name, " x", times_chosen);
         const std::vector<bool> far = bench::far_rounds(placement, result.placement_ns);
@@ -179,8 +179,9 @@ int main(int argc, char** argv) {
           for (const Config& c : list)
             if (c.policy != "intra")
               note += cat(" ", c.label, " / intra ",
-                          static_cast<int>(100 * bench::median(bench::near_only(times["intra"], far)) /
-                                           bench::median(bench::near_only(times[c.label], far))) / 100.0, ";");
+                          bench::fixed(bench::median(bench::near_only(times["intra"], far)) /
+                                       bench::median(bench::near_only(times[c.label], far))),
+                          ";");
           notes += note + "\n";
           std::printf("%s\n", note.c_str());
         }

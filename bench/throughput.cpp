@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
   std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %s, %d cores%s\n",
               o.runs, o.steps, o.warmup, setting.c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
-  auto ratio = [](double a, double b) { return static_cast<double>(static_cast<int64_t>(a / b * 100)) / 100; };
+  auto ratio = [](double a, double b) { return bench::fixed(a / b); };
   // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
   const bool on_gpu = !o.device.is_cpu();
   std::string table =

@@ -56,11 +56,7 @@ Outcome run(Engine& engine, const std::function<TrainReport()>& fit, double targ
   return outcome;
 }
 
-std::string fixed(double value, int decimals) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
-  return text;
-}
+using bench::fixed;
 
 std::string cell(const Outcome& o) {
   return o.reached ? cat(fixed(o.seconds, 1), " s (", fixed(o.epochs, 2), " ep)")

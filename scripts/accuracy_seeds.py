@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from arg_types import name_list, positive_int  # scripts/arg_types.py
-from atomic_write import write_atomically  # scripts/atomic_write.py
+from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 MODELS = ("mlp", "cnn", "lstm")
 
@@ -68,8 +68,11 @@ def main():
     peer = os.path.join(args.build, "bench", "quiver-torch-peer")
     if not os.access(train, os.X_OK):
         parser.exit(1, f"accuracy_seeds.py: --build: {train} is missing (build the release preset first)\n")
-    if args.output and os.path.isdir(args.output):
-        parser.exit(1, f"accuracy_seeds.py: --output: {args.output} is a directory\n")
+    if args.output:  # checked before hours of training, not after
+        try:
+            target_of(args.output)
+        except OSError as error:
+            parser.exit(1, f"accuracy_seeds.py: --output: {error}\n")
     engines = {"quiver": lambda model, seed: run(
         [train, "--model", model, "--seed", str(seed), "--threads", str(args.threads), "--epochs", "1",
          "--data", args.data, "--quiet"], r"test accuracy ([0-9.]+)%", 1.0)}
@@ -96,7 +99,11 @@ def main():
         print(f"accuracy_seeds.py: {error}", file=sys.stderr)
         return 1
     if args.output:
-        write_atomically(args.output, "\n".join(rows) + "\n")
+        try:
+            write_atomically(args.output, "\n".join(rows) + "\n")
+        except OSError as error:
+            print(f"accuracy_seeds.py: --output: {error}; the runs were:\n" + "\n".join(rows), file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,14 +1,30 @@
 """Atomic writes of result files for the scripts: a reader sees the old file or the whole new one
 (the project's rule for files users care about; runtime/atomic_file.h is the library's)."""
 import os
+import stat
 import tempfile
 
 
+def target_of(path):
+    """The file a write to `path` replaces: a symbolic link is written through (the file it names
+    is replaced, the link stays), as runtime/atomic_file.cpp does. Raises OSError when that is
+    something other than a regular file (a pipe, a device, a directory), which a rename would
+    replace, or when its folder is missing or takes no new files."""
+    target = os.path.realpath(path)
+    if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+        raise OSError(f"{path} is not a regular file")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(f"cannot write in {folder}")
+    return target
+
+
 def write_atomically(path, text):
-    """Writes `text` to a scratch file beside `path`, flushes it to disk, renames it over `path`
-    and flushes the folder, as runtime/atomic_file.cpp does. The scratch file is removed on any
-    failure, and the error reaches the caller."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Writes `text` to a scratch file beside the file `path` names (target_of), flushes it to
+    disk, renames it over that file and flushes the folder, as runtime/atomic_file.cpp does. The
+    scratch file is removed on any failure, and the error reaches the caller."""
+    target = target_of(path)
+    folder = os.path.dirname(target)
     scratch = tempfile.NamedTemporaryFile("w", dir=folder, delete=False)
     try:
         with scratch:
@@ -18,7 +34,7 @@ def write_atomically(path, text):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
-        os.replace(scratch.name, path)
+        os.replace(scratch.name, target)
     except BaseException:
         if os.path.exists(scratch.name):
             os.unlink(scratch.name)
@@ -28,4 +44,3 @@ def write_atomically(path, text):
         os.fsync(descriptor)  # the rename itself on disk
     finally:
         os.close(descriptor)
-

@@ -18,5 +18,10 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 echo "install-deps: installing ${missing[*]}"
+if [ -n "$SUDO" ] && ! command -v sudo > /dev/null; then
+  echo "install-deps: not root and no sudo: run this as root, or install: ${missing[*]}" >&2
+  exit 1
+fi
 $SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+# Through env: sudo's env_reset would drop a variable set in front of it, and apt could then ask.
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"

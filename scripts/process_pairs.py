@@ -32,7 +32,7 @@ import threading
 import time
 
 from arg_types import int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
-from atomic_write import write_atomically  # scripts/atomic_write.py
+from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 
 class Engine:
@@ -135,11 +135,10 @@ def main():
         else:
             print(f"# no libtorch peer ({peer.program} not built: apt-get install libtorch-dev libopenblas-dev)")
     if args.output:
-        folder = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            sys.exit(f"process_pairs.py: --output: cannot write in {folder}")
-        if os.path.isdir(args.output):
-            sys.exit(f"process_pairs.py: --output: {args.output} is a directory")
+        try:
+            target_of(args.output)
+        except OSError as error:
+            sys.exit(f"process_pairs.py: --output: {error}")
 
     print(f"# samples/s: one process x 2 threads vs two processes x 1 thread at once, median of {args.runs} runs, "
           f"~{args.seconds:g} s timed windows, {os.cpu_count()} cores")

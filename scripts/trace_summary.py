@@ -11,6 +11,9 @@ usage: scripts/trace_summary.py TRACE.json [--step N] [--feeder]
 """
 import argparse
 import json
+import math
+import signal
+import statistics
 import sys
 
 
@@ -25,20 +28,25 @@ def feeder_summary(events):
             begin, end = rounds.get(e["args"]["step"], (e["ts"], e["ts"] + e["dur"]))
             rounds[e["args"]["step"]] = (min(begin, e["ts"]), max(end, e["ts"] + e["dur"]))
     spans = sorted(end - begin for begin, end in rounds.values())
-    pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))]
-    print(f"feeder: {len(waits)} hand-overs of a round's batches; wait median {pick(waits, 0.5)} us, "
-          f"90th percentile {pick(waits, 0.9)} us, max {waits[-1]} us, total {sum(waits)} us")
+    nearest_rank = lambda values, q: values[max(0, math.ceil(q * len(values)) - 1)]  # values sorted
+    print(f"feeder: {len(waits)} hand-overs of a round's batches; wait median {statistics.median(waits):g} us, "
+          f"90th percentile {nearest_rank(waits, 0.9):g} us, max {waits[-1]:g} us, total {sum(waits):g} us")
     if spans:
-        print(f"rounds: {len(spans)}; learners' steps span median {pick(spans, 0.5)} us a round; "
+        print(f"rounds: {len(spans)}; learners' steps span median {statistics.median(spans):g} us a round; "
               f"the feeder's waits are {100.0 * sum(waits) / max(1, sum(spans)):.2f}% of that time")
     return 0
 
 
+def number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def complete(event):
-    """A complete-duration op event with the fields the summaries read."""
-    return (isinstance(event, dict) and event.get("ph") == "X" and
-            all(isinstance(event.get(key), (int, float)) for key in ("pid", "tid", "ts", "dur")) and
-            isinstance(event.get("args"), dict) and "step" in event["args"])
+    """A complete-duration op event with the fields the summaries read: numbers (not booleans) for
+    pid, tid, ts, dur and args.step, and a name."""
+    return (isinstance(event, dict) and event.get("ph") == "X" and isinstance(event.get("name"), str) and
+            all(number(event.get(key)) for key in ("pid", "tid", "ts", "dur")) and
+            isinstance(event.get("args"), dict) and number(event["args"].get("step")))
 
 
 def main(argv):
@@ -50,6 +58,8 @@ def main(argv):
     try:
         with open(args.trace) as f:
             listed = json.load(f)["traceEvents"]
+        if not isinstance(listed, list):
+            raise TypeError("traceEvents is not a list")
         events = [e for e in listed if complete(e)]
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"trace_summary: {args.trace}: not a readable Chrome trace ({error})", file=sys.stderr)
@@ -60,7 +70,13 @@ def main(argv):
               "(not written by Quiver?)", file=sys.stderr)
     if args.feeder:
         return feeder_summary(events)
+    if not events:
+        print(f"trace_summary: {args.trace}: no op events to summarise", file=sys.stderr)
+        return 1
     only = args.step
+    if only is not None and all(e["args"]["step"] != only for e in events):
+        print(f"trace_summary: {args.trace}: no step {only} in the trace", file=sys.stderr)
+        return 1
     steps = {}
     for e in events:
         steps.setdefault((e["pid"], e["args"]["step"]), []).append(e)
@@ -81,14 +97,15 @@ def main(argv):
                 overlap = min(a["ts"] + a["dur"], b["ts"] + b["dur"]) - b["ts"]
                 if overlap > 0:
                     pairs.append((overlap, a, b))
-        threads = ", ".join(f"thread {t}: {us} us" for t, us in sorted(busy.items()))
+        threads = ", ".join(f"thread {t}: {us:g} us" for t, us in sorted(busy.items()))
         who = f"learner {pid - 2}, " if pid >= 2 else ""
-        print(f"{who}step {step}: {end - begin} us wall, {len(ops)} ops; busy {threads}")
+        print(f"{who}step {step}: {end - begin:g} us wall, {len(ops)} ops; busy {threads}")
         for overlap, a, b in sorted(pairs, key=lambda p: -p[0])[:8]:
-            print(f"  {overlap:6d} us side by side: {a['name']} ({a['args'].get('granted_threads', '?')} thr, thread {a['tid']})"
+            print(f"  {overlap:6g} us side by side: {a['name']} ({a['args'].get('granted_threads', '?')} thr, thread {a['tid']})"
                   f" | {b['name']} ({b['args'].get('granted_threads', '?')} thr, thread {b['tid']})")
     return 0
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     sys.exit(main(sys.argv))
