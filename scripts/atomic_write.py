@@ -11,6 +11,8 @@ def target_of(path):
     something other than a regular file (a pipe, a device, a directory), which a rename would
     replace, or when its folder is missing or takes no new files."""
     target = os.path.realpath(path)
+    if os.path.isdir(target):
+        raise OSError(f"{path} is a directory")
     if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
         raise OSError(f"{path} is not a regular file")
     folder = os.path.dirname(target)
