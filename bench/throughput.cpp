@@ -136,21 +136,37 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
   return medians;
 }
 
-// Runs the libtorch peer for one grid point; -1 when it is not available or fails.
+// `text` as one word of a /bin/sh command line.
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// Runs the libtorch peer for one grid point; -1 when it is not built, and -1 with a warning on
+// stderr (its last line of output) when it fails: a failure is not shown as a peer never built.
 double peer_samples_per_second(const std::string& model, int64_t batch, int threads, const BenchOptions& o) {
   if (o.peer.empty() || !std::filesystem::exists(o.peer)) return -1.0;
-  std::string command = cat(o.peer, " --model ", model, " --batch ", batch, " --threads ", threads,
-                            " --warmup ", o.warmup, " --steps ", o.steps, " --runs ", o.runs, " 2>/dev/null");
+  const std::string command = cat(shell_quoted(o.peer), " --model ", model, " --batch ", batch, " --threads ", threads,
+                                  " --warmup ", o.warmup, " --steps ", o.steps, " --runs ", o.runs, " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return -1.0;
   double rate = -1.0;
+  std::string last;
   char line[512];
   while (std::fgets(line, sizeof(line), pipe)) {
     std::string text = line;
     auto at = text.find("median_samples_per_s=");
-    if (text.rfind("result", 0) == 0 && at != std::string::npos) rate = std::stod(text.substr(at + 21));
+    if (text.rfind("result", 0) == 0 && at != std::string::npos)
+      rate = std::stod(text.substr(at + 21));
+    else if (text.find_first_not_of(" \t\r\n") != std::string::npos)
+      last = text.substr(0, text.find_last_not_of("\r\n") + 1);
   }
-  return pclose(pipe) == 0 ? rate : -1.0;
+  const int status = pclose(pipe);
+  if (status == 0 && rate > 0) return rate;
+  std::fprintf(stderr, "quiver-bench-throughput: the libtorch peer failed on %s batch %lld, %d thread(s)%s%s\n",
+               model.c_str(), static_cast<long long>(batch), threads, last.empty() ? "" : ": ", last.c_str());
+  return -1.0;
 }
 
 }  // namespace
