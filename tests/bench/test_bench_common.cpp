@@ -1,0 +1,45 @@
+// The benchmarks' shared helpers (bench/bench_common.h): how their tables print numbers and how
+// their flags are read.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+
+namespace quiver {
+namespace {
+
+// Ratios and times are rounded, not cut: a ratio of 0.9699 beside a 0.97 floor once read 0.96.
+TEST(BenchCommon, NumbersAreRoundedWithTheirTrailingZeros) {
+  EXPECT_EQ(bench::fixed(0.9699), "0.97");
+  EXPECT_EQ(bench::fixed(1.2754), "1.28");
+  EXPECT_EQ(bench::fixed(1.0), "1.00");
+  EXPECT_EQ(bench::fixed(12.345, 1), "12.3");
+  EXPECT_EQ(bench::fixed(0.004), "0.00");
+}
+
+// A flag that the bench does not have is named as unknown wherever it stands (last included), a
+// known one with nothing after it as missing its value, and a word that is no flag as such.
+TEST(BenchCommon, FlagsAreReadWithClearErrors) {
+  const char* options = "--models --runs";
+  auto error_of = [&](std::vector<std::string> words) {
+    std::vector<char*> argv;
+    for (std::string& word : words) argv.push_back(word.data());
+    int i = 1;
+    try {
+      bench::flag_value(static_cast<int>(argv.size()), argv.data(), i, options);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted, i = ") + std::to_string(i);
+  };
+  EXPECT_EQ(error_of({"bench", "--bogus"}), "unknown option '--bogus' (--models --runs)");
+  EXPECT_EQ(error_of({"bench", "--run", "3"}), "unknown option '--run' (--models --runs)");  // no prefix matching
+  EXPECT_EQ(error_of({"bench", "--runs"}), "--runs: missing value (see --help)");
+  EXPECT_EQ(error_of({"bench", "stray"}), "unexpected argument 'stray' (see --help)");
+  EXPECT_EQ(error_of({"bench", "--runs", "3"}), "accepted, i = 2");
+}
+
+}  // namespace
+}  // namespace quiver
