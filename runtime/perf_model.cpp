@@ -266,15 +266,15 @@ std::optional<std::string> cache_text(const std::string& path, std::string* why 
 bool PerfModel::load(const std::string& path) { return read(path, /*quiet=*/false); }
 
 bool PerfModel::read(const std::string& path, bool quiet) {
-  const auto warn_once = [quiet](const std::string& message) {
-    if (!quiet) quiver::warn_once(message);
+  const auto warn = [quiet](const std::string& message) {
+    if (!quiet) warn_once(message);
   };
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return false;  // no cache yet: profile and write one
   std::string why;
   const std::optional<std::string> text = cache_text(path, &why);
   if (!text) {
-    warn_once(cat("ignoring profile cache '", path, "': ", why, "; ops will be profiled again"));
+    warn(cat("ignoring profile cache '", path, "': ", why, "; ops will be profiled again"));
     return false;
   }
   std::map<std::string, Entry> loaded;
@@ -283,14 +283,14 @@ bool PerfModel::read(const std::string& path, bool quiet) {
     if (!cache.is_object() || cache.value("format", "") != kCacheFormat)
       throw std::runtime_error("not a Quiver profile cache");
     if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
-      warn_once(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
+      warn(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
                cache.at("quiver").dump(), "; this is format ", kCacheVersion, ", Quiver ", kQuiverVersion,
                "); ops will be profiled again"));
       return false;
     }
     const std::string cpu = cache.at("cpu").get<std::string>();
     if (cpu != cpu_model()) {
-      warn_once(cat("ignoring profile cache '", path, "': it was measured on '", cpu, "', this CPU is '", cpu_model(),
+      warn(cat("ignoring profile cache '", path, "': it was measured on '", cpu, "', this CPU is '", cpu_model(),
                "'; ops will be profiled again"));
       return false;
     }
@@ -312,7 +312,7 @@ bool PerfModel::read(const std::string& path, bool quiet) {
       }
     }
   } catch (const std::exception& error) {
-    warn_once(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
+    warn(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
     return false;
   }
   for (auto& [key, entry] : loaded) entries_[key] = std::move(entry);

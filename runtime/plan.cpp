@@ -42,6 +42,21 @@ std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& f
   return order;
 }
 
+// Rethrows the exception being handled as a quiver::Error that names `node` (one that names it
+// already passes as it is): for errors while its kernel is prepared and while it runs.
+[[noreturn]] void rethrow_naming(const Node& node) {
+  try {
+    throw;
+  } catch (const Error& error) {
+    if (std::string(error.what()).find("'" + node.name + "'") != std::string::npos) throw;
+    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+  } catch (const std::exception& error) {
+    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+  } catch (...) {  // not a std::exception: nothing to say but where
+    throw Error(cat(node.op, " '", node.name, "': the kernel threw an exception of an unknown type"));
+  }
+}
+
 }  // namespace
 
 Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,
@@ -184,11 +199,8 @@ void Plan::choose_kernels(const PlanOptions& options) {
     step.kernel_name = chosen->name;
     try {  // a missing attribute, a library's refusal: named like a kernel's error at run time
       step.kernel = chosen->prepare(spec);
-    } catch (const Error& error) {
-      if (std::string(error.what()).find("'" + node.name + "'") != std::string::npos) throw;
-      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
-    } catch (const std::exception& error) {
-      throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+    } catch (...) {
+      rethrow_naming(node);
     }
     kernel_bytes_ += spec.scratch_bytes;
     workspace_bytes_ = std::max(workspace_bytes_, spec.workspace_bytes);
@@ -294,14 +306,8 @@ void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
     if (trace_)
       trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start, trace_->now_us() - trace_start,
                                 trace_thread_index(), ctx.threads(), run_index + trace_step_offset_, trace_learner_});
-  } catch (const Error& error) {
-    std::string message = error.what();
-    if (message.find("'" + node.name + "'") != std::string::npos) throw;
-    throw Error(cat(node.op, " '", node.name, "': ", message));
-  } catch (const std::exception& error) {
-    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
-  } catch (...) {  // not a std::exception: nothing to say but where
-    throw Error(cat(node.op, " '", node.name, "': the kernel threw an exception of an unknown type"));
+  } catch (...) {
+    rethrow_naming(node);
   }
 }
 

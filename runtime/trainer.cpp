@@ -53,12 +53,11 @@ double FitClock::training_seconds() const { return seconds_since(start_) - off_c
 
 bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
   const double trained = training_seconds();
-  const Clock::time_point begin = Clock::now();
-  last_accuracy_ = evaluate_();
-  evaluated_at_ = batches;
-  const bool keep_going = !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
-  off_clock_seconds_ += seconds_since(begin);  // the callback's time is not training either
-  return keep_going;
+  return off_the_clock([&] {  // neither the evaluation nor its callback is training
+    last_accuracy_ = evaluate_();
+    evaluated_at_ = batches;
+    return !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
+  });
 }
 
 bool FitClock::between_batches(int64_t epoch, int64_t before, int64_t after) {
