@@ -229,16 +229,57 @@ std::vector<double> PerfModel::held_out_errors() const {
 
 std::string PerfModel::cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
+  std::stringstream text;
+  text << in.rdbuf();
+  return cpu_model_of(text.str());
+}
+
+// x86 names its CPU in "model name". 64-bit ARM kernels give only numbers, one block per core:
+// the implementer, part, variant and revision identify the core design, and a big.LITTLE chip
+// lists two designs, so every distinct one is named. POWER names it in "cpu", RISC-V in "uarch".
+std::string cpu_model_of(const std::string& cpuinfo) {
+  auto value_of = [](const std::string& line) {
+    std::string value = line.substr(line.find(':') + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value.erase(value.find_last_not_of(" \t\r") + 1);
+    return value;
+  };
+  auto key_of = [](const std::string& line) {
+    std::string key = line.substr(0, line.find(':'));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    return key;
+  };
+  std::istringstream in(cpuinfo);
+  std::string line, other_name;
+  std::map<std::string, std::string> core;  // this block's ARM fields
+  std::vector<std::string> arm_designs;
+  auto end_block = [&] {
+    if (core.count("CPU part")) {
+      const std::string design = cat("ARM implementer ", core["CPU implementer"], " part ", core["CPU part"],
+                                     " variant ", core["CPU variant"], " revision ", core["CPU revision"]);
+      if (std::find(arm_designs.begin(), arm_designs.end(), design) == arm_designs.end())
+        arm_designs.push_back(design);
+    }
+    core.clear();
+  };
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) != 0) continue;
-    auto colon = line.find(':');
-    if (colon == std::string::npos) break;
-    std::string name = line.substr(colon + 1);
-    name.erase(0, name.find_first_not_of(' '));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      end_block();
+      continue;
+    }
+    if (line.find(':') == std::string::npos) continue;
+    const std::string key = key_of(line), value = value_of(line);
+    if (key == "model name" && !value.empty()) return value;
+    if (key.rfind("CPU ", 0) == 0) core[key] = value;
+    if ((key == "cpu" || key == "uarch") && other_name.empty() && !value.empty()) other_name = value;
+  }
+  end_block();
+  if (!arm_designs.empty()) {
+    std::string name = arm_designs[0];
+    for (size_t i = 1; i < arm_designs.size(); ++i) name += " + " + arm_designs[i];
     return name;
   }
-  return "unknown";
+  return other_name.empty() ? "unknown" : other_name;
 }
 
 namespace {

@@ -63,7 +63,7 @@ class PerfModel {
   // measured. Empty when no key has three counts (a 2-core machine).
   std::vector<double> held_out_errors() const;
 
-  // The CPU model as /proc/cpuinfo names it ("unknown" when it cannot be read).
+  // The CPU model as /proc/cpuinfo names it (cpu_model_of; "unknown" when it cannot be read).
   static std::string cpu_model();
   // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
   // corrupt, from another CPU, or from another format or Quiver version (with a warning).
@@ -94,5 +94,9 @@ std::string default_profile_cache();
 // A CPU model name as a file-name part: lower-case letters and digits, other runs as one '-', at
 // most 64 characters ("AMD EPYC 9R14 96-Core Processor" -> "amd-epyc-9r14-96-core-processor").
 std::string cpu_file_tag(const std::string& cpu);
+// The CPU model named by the text of a /proc/cpuinfo: x86's "model name"; on 64-bit ARM, which has
+// none, each distinct core design by implementer, part, variant and revision (two for big.LITTLE);
+// POWER's "cpu", RISC-V's "uarch"; "unknown" when none of these is there.
+std::string cpu_model_of(const std::string& cpuinfo);
 
 }  // namespace quiver

@@ -4,6 +4,7 @@ learners, one line per model and batch. Writes a self-contained SVG (no plotting
 
 usage: scripts/plot_learners.py learners.md docs/learners.svg
 """
+import math
 import sys
 
 from atomic_write import write_atomically  # scripts/atomic_write.py
@@ -28,11 +29,22 @@ def read_table(path):
     gated = "staleness" in header
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        single = float(cells[first])
-        if not single > 0:
-            raise ValueError(f"{path}: single-stream samples/s of '{cells[0]} b{cells[1]}' is {cells[first]}, not positive")
-        rates = [float(c) for c in cells[first + 1:first + 1 + len(ks)]]
+        if len(cells) < first + 1 + len(ks):
+            raise ValueError(f"{path}: row '{line}' has {len(cells)} cells, the header {len(header)}")
         name = f"{cells[0]} b{cells[1]}" + (f" s{cells[2]}" if gated else "")
+
+        def rate(cell, column):
+            """A samples/s cell as a finite, positive number: an inf or nan would draw nothing."""
+            try:
+                value = float(cell)
+            except ValueError:
+                value = float("nan")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{path}: {column} of '{name}' is '{cell}', not a positive finite samples/s")
+            return value
+
+        single = rate(cells[first], "single-stream samples/s")
+        rates = [rate(c, header[first + 1 + i]) for i, c in enumerate(cells[first + 1:first + 1 + len(ks)])]
         rows.append((name, [rates[i] / single for i in order]))
     return [ks[i] for i in order], rows
 

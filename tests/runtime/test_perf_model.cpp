@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -135,6 +136,36 @@ TEST(PerfModel, OpKeysSeparateShapesAndAttributes) {
   std::set<std::string> keys;
   for (const Node& node : g.nodes()) keys.insert(op_key(g, node, "onednn_sgemm"));
   EXPECT_EQ(keys.size(), 3u);
+}
+
+// The cache is keyed by the CPU's design. x86 names it; a 64-bit ARM kernel gives only numbers per
+// core (so every ARM host read "unknown" and shared one cache), and a big.LITTLE chip has two.
+TEST(PerfModel, CpuModelIsReadOnEveryArchitecture) {
+  EXPECT_EQ(cpu_model_of("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"
+                         "\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"),
+            "Intel(R) Xeon(R) CPU @ 2.20GHz");
+  const std::string neoverse_n1 =
+      "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n"
+      "CPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n";
+  EXPECT_EQ(cpu_model_of(neoverse_n1 + neoverse_n1), "ARM implementer 0x41 part 0xd0c variant 0x3 revision 1");
+  const std::string little =
+      "processor\t: 4\nCPU implementer\t: 0x41\nCPU variant\t: 0x2\nCPU part\t: 0xd05\nCPU revision\t: 0\n";
+  EXPECT_EQ(cpu_model_of(neoverse_n1 + little),  // the last block has no blank line after it
+            "ARM implementer 0x41 part 0xd0c variant 0x3 revision 1 + ARM implementer 0x41 part 0xd05 variant 0x2 "
+            "revision 0");
+  EXPECT_NE(cpu_model_of(neoverse_n1), cpu_model_of(little));
+  EXPECT_EQ(cpu_model_of("processor\t: 0\ncpu\t\t: POWER9 (raw), altivec supported\nclock\t\t: 2300.000000MHz\n"),
+            "POWER9 (raw), altivec supported");
+  EXPECT_EQ(cpu_model_of("processor\t: 0\nisa\t\t: rv64imafdc\nmmu\t\t: sv39\nuarch\t\t: sifive,u74-mc\n"),
+            "sifive,u74-mc");
+  EXPECT_EQ(cpu_model_of(""), "unknown");
+  EXPECT_EQ(cpu_model_of("garbage without colons\n\n"), "unknown");
+  EXPECT_EQ(PerfModel::cpu_model(), cpu_model_of([] {
+              std::ifstream in("/proc/cpuinfo");
+              std::stringstream text;
+              text << in.rdbuf();
+              return text.str();
+            }()));
 }
 
 // Hosts of different CPUs that share a home directory keep a cache file each: the default path
