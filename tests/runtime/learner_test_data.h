@@ -1,10 +1,14 @@
-// Small synthetic data and a one-thread serial recipe for the learner and checkpoint tests.
+// Small synthetic data, a one-thread serial recipe and staleness options for the learner and
+// checkpoint tests.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "runtime/learners.h"
 #include "runtime/trainer.h"
 
 namespace quiver::learner_test {
@@ -46,6 +50,23 @@ inline TrainOptions recipe() {
   train.policy = "serial";
   train.threads = 1;
   return train;
+}
+
+// A group of `learners` one-thread learners under SMA (alpha, mu_z 0.9) with a staleness bound.
+inline LearnerOptions stale(int learners, int staleness, double alpha = -1.0) {
+  LearnerOptions options{learners, 1, SmaOptions{alpha, 0.9}};
+  options.staleness = staleness;
+  return options;
+}
+
+// The step a "training stopped: loss is nan at step N" error names; -1 when it names none.
+inline int64_t step_named(const Error& error) {
+  const std::string message = error.what();
+  const size_t at = message.find("at step ");
+  if (at == std::string::npos) return -1;
+  const size_t digits = at + 8;
+  const size_t end = message.find_first_not_of("0123456789", digits);
+  return end == digits ? -1 : std::stoll(message.substr(digits, end - digits));
 }
 
 }  // namespace quiver::learner_test

@@ -1,14 +1,13 @@
 // Learners: one learner with alpha 0 against plain momentum SGD, two learners against plain SGD
 // steps and the textbook SMA round for each model, reproducibility, convergence of several
-// learners, bad options, the tuner; the staleness bound (the clock gate, one learner equal to
-// synchronous SMA). SmaSync itself: test_sma.cpp. Checkpoints: test_checkpoint.cpp.
+// learners, bad options, the tuner, memory checks, synchronous SGD and the learning-rate rules.
+// The staleness bound: test_learner_staleness.cpp. SmaSync itself: test_sma.cpp. Checkpoints:
+// test_checkpoint.cpp.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <deque>
-#include <future>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -27,16 +26,8 @@ using learner_test::Batches;
 using learner_test::copy_of;
 using learner_test::recipe;
 using learner_test::small_dataset;
-
-// The step a "training stopped: loss is nan at step N" error names; -1 when it names none.
-int64_t step_named(const Error& error) {
-  const std::string message = error.what();
-  const size_t at = message.find("at step ");
-  if (at == std::string::npos) return -1;
-  const size_t digits = at + 8;
-  const size_t end = message.find_first_not_of("0123456789", digits);
-  return end == digits ? -1 : std::stoll(message.substr(digits, end - digits));
-}
+using learner_test::stale;
+using learner_test::step_named;
 
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
 TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
@@ -452,84 +443,6 @@ TEST(Learners, TunerMeasuresACloseCallTwiceWhileTraining) {
   EXPECT_EQ(group.learners(), chosen.learners);
 }
 
-// The clock gate of bounded staleness: wait_at_most(n) returns only once n or fewer pieces of
-// work are left (here one blocks the stream, so it cannot return before it is released).
-TEST(CpuStream, WaitAtMostReturnsOnceFewEnoughAreLeft) {
-  CpuStream stream;
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<int> done{0};
-  stream.submit([released] { released.wait(); });
-  for (int i = 0; i < 3; ++i) stream.submit([&done] { ++done; });
-  std::atomic<bool> returned{false};
-  std::atomic<int> done_at_return{-1};
-  std::thread waiter([&] {
-    stream.wait_at_most(1);
-    done_at_return = done.load();
-    returned = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE(returned.load());  // four left: the blocked one and three behind it
-  stream.wait_at_most(4);         // four left: returns at once
-  release.set_value();
-  waiter.join();
-  EXPECT_GE(done_at_return.load(), 2);  // at most one was left when it returned
-  stream.wait();
-  EXPECT_EQ(done.load(), 3);
-  stream.submit([] { throw Error("deliberate"); });
-  stream.submit([] {});
-  EXPECT_THROW(stream.wait_at_most(0), Error);
-}
-
-LearnerOptions stale(int learners, int staleness, double alpha = -1.0) {
-  LearnerOptions options{learners, 1, SmaOptions{alpha, 0.9}};
-  options.staleness = staleness;
-  return options;
-}
-
-// One learner has nobody to be stale against: with a staleness bound its corrections and z's
-// momentum are the synchronous ones, bit for bit.
-TEST(Learners, StalenessWithOneLearnerIsSynchronousSma) {
-  Batches data(8);
-  LearnerGroup synchronous(models::mlp(), recipe(), stale(1, 0, 0.5));
-  LearnerGroup bounded(models::mlp(), recipe(), stale(1, 3, 0.5));
-  for (int round = 0; round < 10; ++round)
-    EXPECT_EQ(bounded.round(data.images.data(), data.labels.data()),
-              synchronous.round(data.images.data(), data.labels.data()));
-  const Tensor &a = bounded.average(), &b = synchronous.average();
-  EXPECT_EQ(std::vector<float>(a.f32(), a.f32() + a.numel()), std::vector<float>(b.f32(), b.f32() + b.numel()));
-  const Tensor &wa = bounded.replica(0).flat_params(), &wb = synchronous.replica(0).flat_params();
-  EXPECT_EQ(std::vector<float>(wa.f32(), wa.f32() + wa.numel()), std::vector<float>(wb.f32(), wb.f32() + wb.numel()));
-}
-
-// Learners up to two rounds apart still converge, through round() and through fit() (which keeps
-// the batches of rounds still running), and z, read after they settle, classifies well.
-TEST(Learners, LearnersWithinAStalenessBoundConverge) {
-  Batches data(2 * 8, 11);
-  TrainOptions train = recipe();
-  train.learning_rate = 0.05;
-  LearnerGroup group(models::mlp(), train, stale(2, 2));
-  EXPECT_EQ(group.staleness(), 2);
-  const double start = group.round(data.images.data(), data.labels.data());
-  for (int round = 0; round < 150; ++round) group.round(data.images.data(), data.labels.data());
-  group.settle();
-  const double loss = group.round(data.images.data(), data.labels.data());
-  EXPECT_LT(loss, 0.2 * start);
-  const Dataset samples = small_dataset(16, 11);  // data's samples
-  EXPECT_GT(group.evaluate(samples), 0.8);
-
-  // Three learners really two rounds apart act as extra momentum on top of the learners' and z's
-  // 0.9: at lr 0.05 a busy machine (CI, with another process beside it: 2 of 60 runs) saw the
-  // loss reach 0.01 and then swing up past its first epoch's. At 0.02 none of 80 such runs did.
-  train.learning_rate = 0.02;
-  LearnerGroup fitted(models::mlp(), train, stale(3, 2));
-  const Dataset more = small_dataset(6 * 8, 13);
-  TrainReport report = fitted.fit(more, &more, 30);
-  EXPECT_EQ(report.steps, 30 * 2);
-  EXPECT_LT(report.epochs.back().mean_loss, 0.5 * report.epochs.front().mean_loss);
-  EXPECT_GT(report.epochs.back().test_accuracy, 0.8);
-}
-
 // The learners' auto executors profile over their first steps; executor_tuning_runs_left() counts
 // those steps down to 0 (the bench and the tuner time nothing before), also under a staleness bound.
 TEST(Learners, ExecutorTuningRunsCountDownToZero) {
@@ -606,74 +519,6 @@ TEST(Learners, AConfigurationRunBeforeAdoptsItsExecutorsTuning) {
   group.resize(1, 1);
   EXPECT_FALSE(group.learner_executor(0)->adopted());
   EXPECT_GT(group.executor_tuning_runs_left(), 0);
-}
-
-TEST(Learners, StalenessOptionsAreChecked) {
-  auto refused = [](TrainOptions train, LearnerOptions options, const char* expected) {
-    try {
-      LearnerGroup group(models::mlp(), train, options);
-      ADD_FAILURE() << "accepted: " << expected;
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
-    }
-  };
-  refused(recipe(), stale(2, -1), "staleness: must be in [0, 64]");
-  refused(recipe(), stale(2, kMaxStaleness + 1), "staleness: must be in [0, 64]");
-  LearnerOptions ssgd = stale(2, 1);
-  ssgd.sync = Sync::Ssgd;
-  refused(recipe(), ssgd, "needs --sync sma");
-  TrainOptions on_gpu = recipe();
-  on_gpu.device = Device::cuda(0);
-  refused(on_gpu, stale(2, 1), "CPU learners only");
-  // A diverging learner's NaN loss reaches the caller from its stream: at a later round or when
-  // the learners settle, never lost.
-  Batches data(2 * 8);
-  TrainOptions train = recipe();
-  train.learning_rate = 1e30;
-  LearnerGroup group(models::mlp(), train, stale(2, 2));
-  try {
-    for (int round = 0; round < 10; ++round) group.round(data.images.data(), data.labels.data());
-    group.settle();
-    FAIL() << "a diverging run must stop";
-  } catch (const Error& error) {
-    EXPECT_GE(step_named(error), 1) << error.what();
-    EXPECT_LE(step_named(error), 10) << error.what();
-  }
-  // The same error leaving fit() while learners are rounds behind: they finish before fit()'s
-  // batches and batcher are freed (the ASan preset would report a use after free otherwise).
-  LearnerGroup behind(models::mlp(), train, stale(4, 8));
-  try {
-    behind.fit(small_dataset(640, 3), nullptr, 1);
-    FAIL() << "a diverging run must stop";
-  } catch (const Error& error) {
-    EXPECT_GE(step_named(error), 1) << error.what();
-    EXPECT_LE(step_named(error), 640 / 8) << error.what();  // a learner's steps: at most the epoch's batches
-  }
-}
-
-// Under a staleness bound a learner's error surfaces at a later round; the round that throws it
-// lets every learner finish what it was given first, so the caller may free every round's batches
-// at once. (Before, tasks still queued read them after they were freed: the ASan preset shows it.)
-TEST(Learners, ARoundThatThrowsLeavesNoBatchInUse) {
-  TrainOptions train = recipe();
-  train.learning_rate = 1e30;  // diverges within a few rounds
-  for (int learners : {2, 3}) {
-    LearnerGroup group(models::mlp(), train, stale(learners, 2));
-    std::deque<std::unique_ptr<Batches>> alive;
-    bool thrown = false;
-    for (int round = 0; round < 30 && !thrown; ++round) {
-      alive.push_back(std::make_unique<Batches>(learners * 8, 40 + round));
-      try {
-        group.round(alive.back()->images.data(), alive.back()->labels.data());
-      } catch (const Error&) {
-        thrown = true;
-        alive.clear();  // every batch freed at once
-      }
-      if (alive.size() > 3) alive.pop_front();  // the last s + 1 rounds' batches kept, as round() asks
-    }
-    EXPECT_TRUE(thrown) << learners << " learners";
-    EXPECT_NO_THROW(group.settle()) << "nothing left running, no error left behind";
-  }
 }
 
 // Twice as many replicas as the available memory holds: refused while the first is built, with
