@@ -42,9 +42,26 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;
   options.devices = command.gpus;
   LearnerGroup group(models::by_name(command.model), command.train, options);
+  // --epochs and --max-steps count from the start of training: a resumed run trains what is left,
+  // so the command that was stopped, run again with --resume, finishes the job.
+  int64_t epochs = command.train.epochs, max_rounds = command.train.max_steps;
   if (!command.resume.empty()) {
     group.load(command.resume);
-    std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds done)\n";
+    std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds, "
+              << group.epochs_done() << " epoch(s) done"
+              << (group.epoch_samples_done() > 0
+                      ? cat(", epoch ", group.epochs_done() + 1, " goes on after ", group.epoch_samples_done(), " samples")
+                      : std::string())
+              << ")\n";
+    epochs -= group.epochs_done();
+    if (max_rounds > 0) max_rounds -= group.rounds_done();
+    if (epochs < 1 || (command.train.max_steps > 0 && max_rounds < 1)) {
+      std::cout << "nothing left to train: "
+                << (epochs < 1 ? cat(group.epochs_done(), " of --epochs ", command.train.epochs, " epoch(s) are done")
+                               : cat(group.rounds_done(), " of --max-steps ", command.train.max_steps, " rounds are done"))
+                << "\n";
+      return 0;
+    }
   }
   const bool on_cpu = command.train.device.is_cpu();
   // "2 learner(s) x 1 thread(s)" on the CPU; "2 learner(s) (CUDA streams)" on a GPU, where
@@ -79,12 +96,15 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     std::cout << "saved the average model to " << command.checkpoint << " (" << when << ", round "
               << group.rounds_done() << ")\n";
   };
+  // Only an epoch trained to its end is saved as one (max_rounds may cut the last short: the save
+  // after training keeps that, and a resumed run goes on inside it); the last epoch's save is that one.
   if (!command.checkpoint.empty())
     group.on_epoch([&](const EpochReport& epoch) {
-      if (epoch.epoch < command.train.epochs) save(cat("after epoch ", epoch.epoch).c_str());
+      if (group.epochs_done() == epoch.epoch && epoch.epoch < command.train.epochs)
+        save(cat("after epoch ", epoch.epoch).c_str());
       return true;
     });
-  TrainReport report = group.fit(train, &test, command.train.epochs, command.train.max_steps);
+  TrainReport report = group.fit(train, &test, epochs, max_rounds);
   if (live) std::cout << "\n";
   for (const EpochReport& e : report.epochs)
     std::printf("epoch %lld: loss %.4f  test accuracy of the average model %.2f%%  (%.1f s, %.0f samples/s)\n",
@@ -127,8 +147,9 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                   configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
                   chosen.samples_per_second / single_rate);
     } else {
-      std::printf("not settled: training ended while %s were being measured (more --epochs give it the rounds)\n",
-                  configuration(group.learners(), group.threads_per_learner()).c_str());
+      std::printf("not settled: training ended while %s were being measured (%s gives it the rounds)\n",
+                  configuration(group.learners(), group.threads_per_learner()).c_str(),
+                  command.train.max_steps > 0 ? "a larger --max-steps" : "more --epochs");
     }
   }
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
@@ -182,7 +203,10 @@ int run(int argc, char** argv) {
               << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
     const bool live = !command.quiet && isatty(fileno(stdout));
-    auto show_progress = [live](const Progress& p) {
+    // A log (not a terminal) gets a line each time the step passes a multiple of 100 and at every
+    // epoch's end: reports come every half second, so a step that is exactly a multiple of 100
+    // rarely has one, and with k learners the step moves k at a time.
+    auto show_progress = [live, logged_epoch = int64_t{-1}, logged_hundreds = int64_t{0}](const Progress& p) mutable {
       char line[160];
       std::snprintf(line, sizeof(line), "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                     static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
@@ -190,7 +214,9 @@ int run(int argc, char** argv) {
                     p.samples_per_second, clock_text(p.eta_seconds).c_str());
       if (live) {
         std::cout << "\r" << line << "   " << std::flush;
-      } else if (p.step == p.steps_in_epoch || p.step % 100 == 0) {
+      } else if (const int64_t hundreds = p.step / 100; p.last || hundreds > (p.epoch == logged_epoch ? logged_hundreds : 0)) {
+        logged_epoch = p.epoch;
+        logged_hundreds = hundreds;
         std::cout << line << "\n";
       }
     };

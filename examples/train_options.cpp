@@ -114,9 +114,11 @@ std::string train_usage() {
   return "usage: quiver-train [options]\n"
          "Train a bundled model on Fashion-MNIST on the CPU or a CUDA GPU.\n\n"
          "  --model mlp|cnn|lstm   model to train (default mlp)\n"
-         "  --epochs N             passes over the training set (default 1)\n"
+         "  --epochs N             passes over the training set (default 1; a --resume run\n"
+         "                         trains those the checkpoint has not done)\n"
          "  --max-steps N          stop after N steps in all (with --learners: N rounds, a batch\n"
-         "                         per learner each; default 0: no limit)\n"
+         "                         per learner each, the checkpoint's counted on --resume;\n"
+         "                         default 0: no limit)\n"
          "  --eval-every N         also evaluate the test set every N batches (default 0: after\n"
          "                         each epoch only)\n"
          "  --batch B              batch size (default 64)\n"
@@ -166,7 +168,8 @@ std::string train_usage() {
          "                         none: every learner at --lr\n"
          "  --checkpoint FILE      with --learners: save the average model there after every\n"
          "                         epoch and at the end (atomic, checksummed)\n"
-         "  --resume FILE          with --learners: start from a checkpoint (verified on load)\n"
+         "  --resume FILE          with --learners: start from a checkpoint (verified on load);\n"
+         "                         an epoch it cut short goes on where it stopped\n"
          "  --quiet                no live progress line\n"
          "  --help, -h             this text\n"
          "A value follows its flag (--epochs 3) or an '=' (--epochs=3). Out-of-range values and\n"
@@ -335,6 +338,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error(cat("--momentum: an SGD option; --optimizer ", command.train.optimizer, " keeps its own moments"));
   if (!multi && command.staleness > 0) throw Error("--staleness: only with --learners");
   if (!multi && command.lr_scaling != LrScaling::None) throw Error("--lr-scaling: only with --learners");
+  if (command.staleness > 0 && command.learners == 1 && !command.learners_auto)
+    throw Error("--staleness: one learner has nobody to be rounds apart from (2+ learners, or auto)");
   if (command.staleness > 0 && command.sync == "ssgd")
     throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");
   if (command.staleness > 0 && !command.train.device.is_cpu())

@@ -1,6 +1,7 @@
 #include "runtime/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -33,13 +34,42 @@ bool write_and_sync(int fd, const std::string& text) {
 // is as long as the file system allows still gets one) and holds the process id and a counter;
 // two processes of the same id (in two PID namespaces, or a killed one's leftover) meet as
 // EEXIST, and the next counter is tried.
-int create_temporary(const std::string& directory, std::string& name) {
+std::string temporary_name(const std::string& directory) {
   static std::atomic<uint64_t> serial{0};
+  return cat(directory, "/.quiver-tmp.", ::getpid(), ".", serial.fetch_add(1));
+}
+
+int create_temporary(const std::string& directory, std::string& name) {
   for (int attempt = 0;; ++attempt) {
-    name = cat(directory, "/.quiver-tmp.", ::getpid(), ".", serial.fetch_add(1));
+    name = temporary_name(directory);
     const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0 || errno != EEXIST || attempt == 64) return fd;
   }
+}
+
+// A file with no name yet in `directory` (O_TMPFILE), or -1 where the kernel or the file system
+// has none: a process stopped while it writes (Ctrl-C during a save) then leaves nothing behind,
+// where a named temporary file stayed, hidden, as large as the file it was to replace.
+int create_unnamed(const std::string& directory) {
+#ifdef O_TMPFILE
+  return ::open(directory.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+#else
+  (void)directory;
+  errno = EOPNOTSUPP;
+  return -1;
+#endif
+}
+
+// Names the unnamed file `fd` in `directory` (a fresh temporary name, set in `name`), through
+// /proc/self/fd (linkat's AT_EMPTY_PATH needs a capability); false where that fails.
+bool name_unnamed(int fd, const std::string& directory, std::string& name) {
+  const std::string self = cat("/proc/self/fd/", fd);
+  for (int attempt = 0; attempt <= 64; ++attempt) {
+    name = temporary_name(directory);
+    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0) return true;
+    if (errno != EEXIST) return false;
+  }
+  return false;
 }
 
 // The directory `target` is in ("." for a bare name).
@@ -75,15 +105,32 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   const std::filesystem::path target = write_target(path, what);
   const std::string directory = directory_of(target);
   std::string temporary;
-  const int fd = create_temporary(directory, temporary);
-  if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
-  const bool written = write_and_sync(fd, text);
-  const int write_errno = errno;
-  const bool closed = ::close(fd) == 0;
-  if (!written || !closed) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw Error(cat(what, ": writing '", path, "' failed: ", std::strerror(written ? errno : write_errno)));
+  // The text goes to an unnamed file, named only once it is on the disk; where there is none (or
+  // it cannot be named), to a named temporary file from the start.
+  if (const int unnamed = create_unnamed(directory); unnamed >= 0) {
+    const bool written = write_and_sync(unnamed, text);
+    const int write_errno = errno;
+    const bool named = written && name_unnamed(unnamed, directory, temporary);
+    const bool closed = ::close(unnamed) == 0;
+    if (!written) throw Error(cat(what, ": writing '", path, "' failed: ", std::strerror(write_errno)));
+    if (named && !closed) {
+      const int close_errno = errno;
+      ::unlink(temporary.c_str());
+      throw Error(cat(what, ": writing '", path, "' failed: ", std::strerror(close_errno)));
+    }
+    if (!named) temporary.clear();
+  }
+  if (temporary.empty()) {
+    const int fd = create_temporary(directory, temporary);
+    if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
+    const bool written = write_and_sync(fd, text);
+    const int write_errno = errno;
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      throw Error(cat(what, ": writing '", path, "' failed: ", std::strerror(written ? errno : write_errno)));
+    }
   }
   std::error_code error;
   std::filesystem::rename(temporary, target, error);
@@ -100,6 +147,11 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   }
 }
 
+bool may_replace_in(unsigned directory_mode, unsigned directory_owner, unsigned file_owner, unsigned user) {
+  if (!(directory_mode & S_ISVTX)) return true;
+  return user == 0 || user == file_owner || user == directory_owner;
+}
+
 void check_writable(const std::string& path, const std::string& what) {
   if (path.empty()) throw Error(cat(what, ": empty file name"));
   std::error_code error;
@@ -112,6 +164,13 @@ void check_writable(const std::string& path, const std::string& what) {
   // /dev/null): only a regular file is replaced.
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error))
     throw Error(cat(what, ": '", path, "' is not a regular file"));
+  // In a sticky directory (/tmp) only the file's owner, the directory's or root may replace it:
+  // the rename at the end of a run would be refused, even for a file anyone may write to.
+  struct stat directory_status{}, target_status{};
+  if (::stat(directory.c_str(), &directory_status) == 0 && ::stat(target.c_str(), &target_status) == 0 &&
+      !may_replace_in(directory_status.st_mode, directory_status.st_uid, target_status.st_uid, ::geteuid()))
+    throw Error(cat(what, ": cannot replace '", path, "': it belongs to another user in the sticky directory '",
+                    directory, "', where only its owner may replace it"));
   const long name_max = ::pathconf(directory.c_str(), _PC_NAME_MAX);
   if (name_max > 0 && static_cast<long>(target.filename().string().size()) > name_max)
     throw Error(cat(what, ": cannot write '", path, "': the file name is longer than the ", name_max,

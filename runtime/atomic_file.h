@@ -15,8 +15,14 @@ void write_file_atomically(const std::string& path, const std::string& text, con
 // Refuses, before any work is done, a destination write_file_atomically could not write: an empty
 // name, a directory or another file that is not a regular one (a device, a pipe, a process's open
 // file such as /dev/stdout), a parent directory that is missing or where no file can be created,
-// a name longer than the file system allows. A typo in an output path
-// then costs nothing instead of a whole training run. Throws quiver::Error naming `what`.
+// a name longer than the file system allows, a file of another user in a sticky directory (/tmp).
+// A typo in an output path then costs nothing instead of a whole training run. Throws
+// quiver::Error naming `what`.
 void check_writable(const std::string& path, const std::string& what);
+
+// Whether `user` may replace (rename over) a file of `file_owner` in a directory of `directory_mode`
+// and `directory_owner`: in a sticky one only the file's owner, the directory's or root may.
+// (Root without CAP_FOWNER, in some containers, is taken to have it.)
+bool may_replace_in(unsigned directory_mode, unsigned directory_owner, unsigned file_owner, unsigned user);
 
 }  // namespace quiver

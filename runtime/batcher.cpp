@@ -58,8 +58,15 @@ int64_t count_batches(const Dataset& data, const BatcherOptions& options) {
     throw Error(cat("batcher: batch_size ", options.batch_size, " exceeds the ", data.count,
                     " samples in the dataset, so drop_last would leave no batches"));
   }
-  return options.drop_last ? data.count / options.batch_size
-                           : (data.count + options.batch_size - 1) / options.batch_size;
+  // Not (count + batch - 1) / batch: that overflows for a batch near INT64_MAX, giving 0 batches,
+  // and the producer then looped over empty epochs for ever.
+  const int64_t batches = data.count / options.batch_size +
+                          (!options.drop_last && data.count % options.batch_size != 0 ? 1 : 0);
+  if (options.first_batch < 0 || options.first_batch >= batches) {
+    throw Error(cat("batcher: first_batch ", options.first_batch, " must be in [0, ", batches,
+                    "), the batches of an epoch"));
+  }
+  return batches;
 }
 
 }  // namespace
@@ -134,7 +141,8 @@ void Batcher::produce() {
     for (int64_t epoch = options_.first_epoch;; ++epoch) {
       const std::vector<int64_t> order =
           epoch_order(data_.count, options_.seed, epoch, options_.shuffle);
-      for (int64_t index = 0; index < batches_per_epoch_; ++index) {
+      for (int64_t index = epoch == options_.first_epoch ? options_.first_batch : 0; index < batches_per_epoch_;
+           ++index) {
         Batch batch = assemble(order, epoch, index);
         std::unique_lock<std::mutex> lock(mutex_);
         slot_free_.wait(lock, [this] {

@@ -32,6 +32,7 @@ struct BatcherOptions {
   bool drop_last = true;   // false: the last batch of an epoch holds the remainder
   int prefetch_depth = 4;  // batches assembled ahead of the consumer
   int64_t first_epoch = 0;  // the epoch to start from: a resumed run continues the order
+  int64_t first_batch = 0;  // and the batch of first_epoch to start from (one cut short goes on)
 };
 
 // The sample order of `epoch`: a Fisher-Yates shuffle of 0..count-1 driven by an mt19937_64
@@ -43,7 +44,7 @@ class Batcher {  // iterates epochs forever; batches_per_epoch() batches per epo
  public:
   // Keeps a reference to `data`, which must outlive the Batcher and not change while it runs.
   // Throws quiver::Error on batch_size <= 0, batch_size > count (when drop_last), an empty or
-  // inconsistent dataset, or prefetch_depth < 1.
+  // inconsistent dataset, prefetch_depth < 1, or first_batch outside [0, batches_per_epoch()).
   Batcher(const Dataset& data, BatcherOptions options);
   // Stops and joins the prefetch thread, even if the consumer stopped mid-epoch.
   ~Batcher();

@@ -30,6 +30,18 @@ uint32_t crc_of(const char* data, size_t bytes) {
   return static_cast<uint32_t>(crc);
 }
 
+// A count in the header: absent is 0 (an older checkpoint); 1.5, -1, "3" or 1e30 are refused (a
+// float would be cut, and one past int64_t converted with undefined behaviour).
+int64_t header_count(const nlohmann::json& header, const char* name) {
+  if (!header.contains(name)) return 0;
+  const nlohmann::json& value = header.at(name);
+  constexpr int64_t kMost = int64_t{1} << 48;
+  if (!value.is_number_integer() || (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{kMost}) ||
+      value.get<int64_t>() < 0 || value.get<int64_t>() > kMost)
+    throw Error(cat("\"", name, "\" is ", value.dump(), ", not a count in [0, 2^48]"));
+  return value.get<int64_t>();
+}
+
 nlohmann::json layout_json(const ParamStore& layout) {
   nlohmann::json params = nlohmann::json::array();
   for (const ParamSlot& slot : layout.slots())
@@ -45,8 +57,10 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
   nlohmann::json header = {{"model", info.model},
                            {"rounds", info.rounds},
                            {"epochs_done", info.epochs_done},
+                           {"epoch_samples", info.epoch_samples},
                            {"flat_size", layout.flat_size()},
                            {"params", layout_json(layout)}};
+  if (info.seed_known) header["seed"] = info.seed;
   std::string text = kMagic;
   const std::string header_text = header.dump();
   const uint64_t header_bytes = header_text.size();
@@ -99,21 +113,28 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   std::string holds;
   int64_t flat_size = -1;
   bool same_layout = false;
-  CheckpointInfo info{model, 0, 0};
+  CheckpointInfo info;
+  info.model = model;
   try {
     header = nlohmann::json::parse(text.substr(magic + sizeof(header_bytes), header_bytes));
     if (!header.is_object()) throw Error("the header is not an object");
     holds = header.value("model", "?");
     flat_size = header.value("flat_size", int64_t{-1});
     same_layout = header.contains("params") && header.at("params") == layout_json(layout);
-    info.rounds = header.value("rounds", int64_t{0});
-    info.epochs_done = header.value("epochs_done", int64_t{0});
+    info.rounds = header_count(header, "rounds");
+    info.epochs_done = header_count(header, "epochs_done");
+    info.epoch_samples = header_count(header, "epoch_samples");
+    if (header.contains("seed")) {
+      if (!header.at("seed").is_number_unsigned() && !(header.at("seed").is_number_integer() && header.at("seed").get<int64_t>() >= 0))
+        throw Error(cat("\"seed\" is ", header.at("seed").dump(), ", not a seed"));
+      info.seed = header.at("seed").get<uint64_t>();
+      info.seed_known = true;
+    }
   } catch (const std::exception& error) {  // a malformed header, or a field of the wrong type
     throw Error(cat("checkpoint '", path, "': unreadable header: ", error.what()));
   }
   // A checksum vouches for the bytes, not for the values a writer put there.
-  constexpr int64_t kMostRounds = int64_t{1} << 48;
-  if (info.rounds < 0 || info.rounds > kMostRounds || info.epochs_done < 0 || info.epochs_done > info.rounds)
+  if (info.epochs_done > info.rounds)
     throw Error(cat("checkpoint '", path, "': implausible header: ", info.rounds, " rounds and ", info.epochs_done,
                     " epochs done (0 <= epochs <= rounds <= 2^48)"));
   if (holds != model) throw Error(cat("checkpoint '", path, "': holds model '", holds, "', not '", model, "'"));

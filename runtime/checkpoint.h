@@ -15,8 +15,13 @@ namespace quiver {
 
 struct CheckpointInfo {
   std::string model;
-  int64_t rounds = 0;       // training rounds (steps) done
-  int64_t epochs_done = 0;  // complete epochs done
+  int64_t rounds = 0;         // training rounds (steps) done
+  int64_t epochs_done = 0;    // complete epochs done
+  int64_t epoch_samples = 0;  // samples of epoch epochs_done + 1 trained already (it was cut short)
+  // The data order's seed: a cut epoch goes on in its order only under the same seed. Checkpoints
+  // written before it was recorded have none (seed_known false).
+  uint64_t seed = 0;
+  bool seed_known = false;
 };
 
 // Writes `flat` (laid out as `layout`'s parameters) to `path` atomically.

@@ -17,14 +17,24 @@ constexpr const char* kHowToGetIt =
     "install it with `apt-get install dataset-fashion-mnist`, or point --data or "
     "QUIVER_DATA_DIR at a directory holding the IDX files";
 
+// What is at `path`: file_type::not_found when nothing is; an error that is not "nothing there"
+// (a directory on the way the user may not search) is said as it is, not as a missing file.
+std::filesystem::file_type type_at(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error && status.type() != std::filesystem::file_type::not_found)
+    throw Error(cat("fashion-mnist: cannot access '", path.string(), "': ", error.message()));
+  return status.type();
+}
+
 std::string find_file(const std::filesystem::path& dir, const std::string& stem) {
   const std::filesystem::path gz = dir / (stem + ".gz");
   const std::filesystem::path plain = dir / stem;
-  std::error_code ignored;
   for (const std::filesystem::path& path : {gz, plain}) {
-    if (!std::filesystem::exists(path, ignored)) continue;
+    const std::filesystem::file_type type = type_at(path);
+    if (type == std::filesystem::file_type::not_found) continue;
     // A pipe would block the reader for ever, a directory cannot be read: named now.
-    if (!std::filesystem::is_regular_file(path, ignored))
+    if (type != std::filesystem::file_type::regular)
       throw Error(cat("fashion-mnist: '", path.string(), "' is not a regular file"));
     return path.string();
   }
@@ -49,9 +59,8 @@ std::string default_fashion_mnist_dir() {
 }
 
 Dataset load_fashion_mnist(const std::string& dir, Split split) {
-  std::error_code ignored;
-  if (!std::filesystem::is_directory(dir, ignored)) {
-    const bool exists = std::filesystem::exists(dir, ignored);
+  if (const std::filesystem::file_type type = type_at(dir); type != std::filesystem::file_type::directory) {
+    const bool exists = type != std::filesystem::file_type::not_found;
     throw Error(cat("fashion-mnist: data directory '", dir, exists ? "' is not a directory; " : "' does not exist; ",
                     kHowToGetIt));
   }

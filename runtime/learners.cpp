@@ -10,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/batcher.h"
 #include "ops/optimizer.h"
 #include "runtime/checkpoint.h"
@@ -471,6 +472,11 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   batcher_options.batch_size = batch_;
   batcher_options.seed = train_.seed;
   batcher_options.first_epoch = epochs_done_;  // a resumed run (or a second fit()) continues the data order
+  // ... from the batch a cut epoch stopped at (a whole batch of this run's size; with another batch
+  // size up to batch - 1 samples are trained again, none skipped).
+  const int64_t epoch_count = train.count / std::max<int64_t>(1, batch_);  // the batcher checks batch_ itself
+  const int64_t resume_batch = std::min(epoch_samples_done_ / std::max<int64_t>(1, batch_), std::max<int64_t>(0, epoch_count - 1));
+  batcher_options.first_batch = resume_batch;
   // Four rounds of the largest group ahead, so a round never waits on I/O, but at most ~64 MiB of
   // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
   const int64_t batch_bytes = batch_ * (features_ * static_cast<int64_t>(sizeof(float)) + sizeof(int32_t));
@@ -538,15 +544,21 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   std::vector<const int32_t*> labels;
   TrainReport report;
   int64_t rounds = 0, samples = 0, batches_in_epoch = 0, batches_done = 0;
+  // Epochs are numbered from the start of training: a resumed run's first is epochs_done() + 1.
+  const int64_t epochs_before = epochs_done_;
+  // This fit()'s batches, for the ETA: every epoch's, less what a cut epoch trained before, or
+  // what max_rounds leaves (k batches a round).
+  const int64_t batches_to_train = epochs * per_epoch - resume_batch;
   bool keep_going = true;
   for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds) && keep_going; ++epoch) {
+    const int64_t number = epochs_before + epoch;
     EpochReport epoch_report;
-    epoch_report.epoch = epoch;
+    epoch_report.epoch = number;
     const double epoch_start = clock.training_seconds();
     Clock::time_point last_report = Clock::now();
     double loss_sum = 0.0;
     int64_t epoch_rounds = 0, epoch_samples = 0;
-    for (batches_in_epoch = 0;
+    for (batches_in_epoch = epoch == 1 ? resume_batch : 0;
          batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds) && keep_going;) {
       const int k = learners();
       while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
@@ -559,6 +571,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       batches_in_epoch += k;
       batches_done += k;
       loss_sum += round(images, labels);
+      epoch_samples_done_ = batches_in_epoch * batch_;
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuner && !tuned_) {
@@ -622,14 +635,15 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
         const double elapsed = clock.training_seconds();
-        const int64_t total_batches = epochs * per_epoch;
-        const int64_t done_batches = (epoch - 1) * per_epoch + batches_in_epoch;
-        Progress p{epoch, epochs, batches_in_epoch, per_epoch, done_batches, total_batches, loss_sum / epoch_rounds,
-                   samples / std::max(elapsed, 1e-9),
-                   elapsed / std::max<int64_t>(1, done_batches) * (total_batches - done_batches)};
+        int64_t total_batches = batches_to_train;
+        if (max_rounds > 0) total_batches = std::min(total_batches, batches_done + (max_rounds - rounds) * learners());
+        Progress p{number, epochs_before + epochs, batches_in_epoch, per_epoch, batches_done, total_batches,
+                   loss_sum / epoch_rounds, samples / std::max(elapsed, 1e-9),
+                   elapsed / std::max<int64_t>(1, batches_done) * static_cast<double>(total_batches - batches_done),
+                   last};
         progress_(p);
       }
-      if (!last) keep_going = clock.between_batches(epoch, batches_done - k, batches_done);
+      if (!last) keep_going = clock.between_batches(number, batches_done - k, batches_done);
     }
     // An epoch is one pass: the per_epoch % k batches a round of k could not take are dropped, so
     // the next epoch starts at its own first batch (they would shift every later epoch).
@@ -643,9 +657,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     epoch_report.train_accuracy = -1.0;
     epoch_report.samples_per_second = epoch_samples / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
-    if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, batches_done, keep_going);
+    if (test) epoch_report.test_accuracy = clock.epoch_end(number, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
-    if (epoch_complete) ++epochs_done_;  // a cut epoch (max_rounds, a callback) is started again on resume
+    if (epoch_complete) ++epochs_done_, epoch_samples_done_ = 0;  // a cut epoch goes on from where it stopped
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = rounds;
@@ -687,7 +701,14 @@ void LearnerGroup::ssgd_update() {
 
 void LearnerGroup::save(const std::string& path) const {
   const Tensor& z = average();  // every learner settled, the device SMA drained
-  save_checkpoint(path, average_->params(), z, CheckpointInfo{model_.name, rounds_done_, epochs_done_});
+  CheckpointInfo info;
+  info.model = model_.name;
+  info.rounds = rounds_done_;
+  info.epochs_done = epochs_done_;
+  info.epoch_samples = epoch_samples_done_;
+  info.seed = train_.seed;
+  info.seed_known = true;
+  save_checkpoint(path, average_->params(), z, info);
 }
 
 void LearnerGroup::load(const std::string& path) {
@@ -711,6 +732,15 @@ void LearnerGroup::load(const std::string& path) {
   if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
   rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
+  // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
+  epoch_samples_done_ = info.epoch_samples;
+  if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
+    warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,
+             info.seed_known ? cat(" of seed ", info.seed, "; this run's seed is ", train_.seed)
+                             : std::string(" without its data order's seed"),
+             ": that epoch starts again"));
+    epoch_samples_done_ = 0;
+  }
 }
 
 }  // namespace quiver

@@ -129,12 +129,13 @@ class LearnerGroup {
   int threads_per_learner() const { return threads_per_learner_; }
   // Rebuilds the group as k learners of `threads` threads each, every replica starting from z with
   // the optimizer state (momentum) of an old replica (new learner j takes that of old learner j mod
-// the old count),
-  // so a change of configuration does not restart the momentum.
+  // the old count), so a change of configuration does not restart the momentum.
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
   void resize(int learners, int threads_per_learner);
-  // Trains for `epochs` epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
-  // `test` after each epoch. Samples/s count every learner's samples.
+  // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
+  // `test` after each epoch. Samples/s count every learner's samples. An epoch cut short before
+  // (max_rounds, a callback, a checkpoint saved then) goes on where it stopped, and counts as the
+  // first of the `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first).
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included), off the training clock (the tuner's
@@ -188,6 +189,8 @@ class LearnerGroup {
   // Epochs trained to their end (a cut one, by max_rounds or a callback, does not count): the
   // next fit(), or a run resumed from a checkpoint, starts the data order after them.
   int64_t epochs_done() const { return epochs_done_; }
+  // Samples of the next epoch trained already (a cut epoch; 0 after a complete one).
+  int64_t epoch_samples_done() const { return epoch_samples_done_; }
   int staleness() const { return options_.staleness; }
   // Waits until every learner has run every round given to it (a no-op for synchronous rounds)
   // and rethrows a learner's error. Everything that reads z or the replicas calls it first.
@@ -246,6 +249,7 @@ class LearnerGroup {
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;
+  int64_t epoch_samples_done_ = 0;
 };
 
 }  // namespace quiver

@@ -258,7 +258,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
         double elapsed = clock.training_seconds();
         Progress p{epoch, options_.epochs, step, per_epoch, global, total, loss_sum / step,
                    global * options_.batch / std::max(elapsed, 1e-9),
-                   elapsed / global * (total - global)};
+                   elapsed / global * (total - global), last};
         progress_(p);
       }
       if (!last) keep_going = clock.between_batches(epoch, global - 1, global);

@@ -65,6 +65,7 @@ struct Progress {
   double loss = 0.0;              // mean over the epoch so far
   double samples_per_second = 0.0;
   double eta_seconds = 0.0;
+  bool last = false;  // the epoch's (or the run's) last report: a log may want every epoch's end
 };
 
 struct EpochReport {

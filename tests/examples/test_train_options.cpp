@@ -170,6 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--staleness", "65"}, "--staleness"},
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
+                      BadFlag{{"--learners", "1", "--staleness", "3"}, "--staleness"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--sync", "ssgd"}, "--sync"},
                       BadFlag{{"--optimizer", "adam", "--momentum", "0.5"}, "--momentum"},
                       BadFlag{{"--learners", "2", "--checkpoint", "/nonexistent/dir/z.ckpt"}, "--checkpoint"},

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/nn.h"
 #include "models/models.h"
 #include "runtime/checkpoint.h"
@@ -116,6 +117,54 @@ TEST(Checkpoint, ResumeContinuesTheDataOrder) {
   std::filesystem::remove(first_epoch_path);
 }
 
+// An epoch cut short (max_rounds) goes on where it stopped: with stateless SGD (momentum 0) and
+// one learner (plain training, z is its model), training cut at round 7, saved and resumed is the
+// uninterrupted training bit for bit. Epochs are numbered from the start of training, and the cut
+// epoch counts as the first of the resumed fit()'s. (Before, the cut epoch started again.) Under
+// another seed the cut epoch's order is not this run's: it starts again, with a warning.
+TEST(Checkpoint, ACutEpochGoesOnWhereItStopped) {
+  const Dataset train = small_dataset(80, 4);  // 10 batches of 8 an epoch
+  TrainOptions stateless = recipe();
+  stateless.momentum = 0.0;
+  stateless.learning_rate = 0.05;
+  const LearnerOptions one{1, 1, SmaOptions{}};
+  LearnerGroup whole(models::mlp(), stateless, one);
+  whole.fit(train, nullptr, 2);
+  const std::string path = checkpoint_path("cut");
+  LearnerGroup cut(models::mlp(), stateless, one);
+  cut.fit(train, nullptr, 2, 7);
+  EXPECT_EQ(cut.epochs_done(), 0);
+  EXPECT_EQ(cut.epoch_samples_done(), 7 * 8);
+  cut.save(path);
+  LearnerGroup resumed(models::mlp(), stateless, one);
+  resumed.load(path);
+  EXPECT_EQ(resumed.epoch_samples_done(), 7 * 8);
+  const TrainReport rest = resumed.fit(train, nullptr, 2);
+  ASSERT_EQ(rest.epochs.size(), 2u);
+  EXPECT_EQ(rest.epochs[0].epoch, 1);
+  EXPECT_EQ(rest.epochs[0].steps, 3);  // the cut epoch's last 3 batches
+  EXPECT_EQ(rest.epochs[1].epoch, 2);
+  EXPECT_EQ(rest.epochs[1].steps, 10);
+  EXPECT_EQ(resumed.epochs_done(), 2);
+  EXPECT_EQ(resumed.epoch_samples_done(), 0);
+  const Tensor &a = whole.average(), &b = resumed.average();
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+  std::vector<std::string> warnings;
+  const WarningSink previous = set_warning_sink([&](const std::string& w) { warnings.push_back(w); });
+  TrainOptions other_seed = stateless;
+  other_seed.seed = 2;
+  LearnerGroup reseeded(models::mlp(), other_seed, one);
+  reseeded.load(path);
+  set_warning_sink(previous);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("56 samples into epoch 1 of seed 1; this run's seed is 2: that epoch starts again"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_EQ(reseeded.epoch_samples_done(), 0);
+  EXPECT_EQ(reseeded.fit(train, nullptr, 1).epochs[0].steps, 10);
+  std::filesystem::remove(path);
+}
+
 // A load is a fresh start from the file's z, whatever the group did before: a group that trained
 // and one that did not step identically after loading the same checkpoint, for SMA (the
 // replicas' momentum and z's last move restart) and synchronous SGD (its momentum restarts).
@@ -202,7 +251,13 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
     return at == std::string::npos ? head : head.replace(at, from.size(), to);
   };
   expect_rejected(crafted(edited("\"model\":\"mlp\"", "\"model\":1"), data), "unreadable header");
-  expect_rejected(crafted(edited("\"rounds\":0", "\"rounds\":-7"), data), "implausible header: -7 rounds");
+  // Counts are whole numbers in [0, 2^48]: a float was cut (1.5 read as 1) and 1e30 converted to
+  // int64_t with undefined behaviour.
+  for (const char* bad : {"-7", "1.5", "1e30", "\"3\"", "281474976710657", "18446744073709551615"})
+    expect_rejected(crafted(edited("\"rounds\":0", cat("\"rounds\":", bad)), data),
+                    "not a count in [0, 2^48]");
+  expect_rejected(crafted(edited("\"epoch_samples\":0", "\"epoch_samples\":-1"), data), "\"epoch_samples\" is -1");
+  expect_rejected(crafted(edited("\"seed\":1", "\"seed\":-1"), data), "\"seed\" is -1, not a seed");
   expect_rejected(crafted(edited("\"epochs_done\":0", "\"epochs_done\":3"), data), "3 epochs done");
   // The bytes are intact, but the model they hold had diverged: refused, not trained from.
   std::string diverged = data;

@@ -3,16 +3,22 @@
 // shutdown. Not a performance test.
 #include <gtest/gtest.h>
 
+#include <limits>
+
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -407,6 +413,17 @@ TEST_F(DataFashionMnist, MissingDirectoryOrFileSaysHowToGetIt) {
                 "apt-get install dataset-fashion-mnist"});
 }
 
+// A path that cannot be looked at (here a link to itself, as a directory the user may not search
+// would be for a non-root user) is said as it is, not as a missing package to install.
+TEST_F(DataFashionMnist, APathThatCannotBeAccessedIsNotCalledMissing) {
+  const std::string loop = path("loop");
+  ASSERT_EQ(::symlink("loop", loop.c_str()), 0);
+  expect_error([&] { load_fashion_mnist(loop, Split::Train); }, {"cannot access '" + loop + "'", "symbolic links"});
+  ASSERT_EQ(::symlink("train-images-idx3-ubyte.gz", path("train-images-idx3-ubyte.gz").c_str()), 0);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {"cannot access '" + path("train-images-idx3-ubyte.gz") + "'", "symbolic links"});
+}
+
 TEST(DataFashionMnistDir, DefaultDirHonoursEnvironment) {
   const char* saved = std::getenv("QUIVER_DATA_DIR");
   const std::string saved_value = saved ? saved : "";
@@ -541,6 +558,46 @@ TEST(DataBatcher, FirstEpochContinuesTheOrder) {
   EXPECT_THROW(Batcher(d, options), Error);
 }
 
+// A Batcher started at batch b of epoch e (a resumed run whose epoch was cut short) hands out that
+// epoch's order from sample b x batch on, then the next epoch whole; b must be one of the epoch's.
+TEST(DataBatcher, FirstBatchContinuesACutEpoch) {
+  const Dataset d = numbered(120);
+  BatcherOptions options{.batch_size = 20, .seed = 5, .first_epoch = 2, .first_batch = 4};
+  Batcher from_four(d, options);
+  const std::vector<int64_t> order = epoch_order(120, 5, 2, true);
+  for (int64_t b = 4; b < 6; ++b) {
+    const Batch batch = from_four.next();
+    EXPECT_EQ(batch.epoch, 2);
+    EXPECT_EQ(batch.index_in_epoch, b);
+    for (int64_t row = 0; row < batch.size; ++row)
+      EXPECT_EQ(static_cast<int64_t>(batch.images[static_cast<size_t>(row * 6)]), order[b * 20 + row]);
+  }
+  EXPECT_EQ(take_epoch(from_four, 3, 6), epoch_order(120, 5, 3, true));
+  for (int64_t bad : {-1, 6, 7}) {
+    options.first_batch = bad;
+    try {
+      Batcher refused(d, options);
+      ADD_FAILURE() << "first_batch " << bad << " accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("must be in [0, 6)"), std::string::npos) << error.what();
+    }
+  }
+}
+
+// Without drop_last a batch larger than the data is one batch of every sample, up to INT64_MAX
+// (whose rounded-up count overflowed to 0 batches, and the producer spun for ever).
+TEST(DataBatcher, AHugeBatchWithoutDropLastIsOneBatch) {
+  const Dataset d = numbered(10);
+  for (int64_t batch_size : {int64_t{11}, std::numeric_limits<int64_t>::max() - 5, std::numeric_limits<int64_t>::max()}) {
+    BatcherOptions options;
+    options.batch_size = batch_size;
+    options.drop_last = false;
+    Batcher batcher(d, options);
+    ASSERT_EQ(batcher.batches_per_epoch(), 1) << batch_size;
+    EXPECT_EQ(batcher.next().size, 10);
+  }
+}
+
 TEST(DataBatcher, NoShuffleIsIdentityOrder) {
   const Dataset d = numbered(30);
   BatcherOptions options;
@@ -664,6 +721,46 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
             cat("--output: cannot write '", missing, "': directory '", (dir / "no").string(), "' does not exist"));
   EXPECT_THROW(write_file_atomically(missing, "x", "results"), Error);
   std::filesystem::remove_all(dir);
+}
+
+// A writer stopped mid-write (here by the file-size limit's SIGXFSZ; a Ctrl-C during a save is the
+// same) leaves neither a half-written target nor a hidden temporary file as large as what it wrote.
+TEST(AtomicFile, AWriterStoppedMidWriteLeavesNothingBehind) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / cat("quiver-atomic-stop-", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "model.ckpt").string();
+  write_file_atomically(path, "the last good one", "checkpoint");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const struct rlimit limit{1 << 20, 1 << 20};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_file_atomically(path, std::string(4 << 20, 'x'), "checkpoint");
+    } catch (...) {
+    }
+    ::_exit(0);  // not reached: SIGXFSZ ends the write
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ) << "status " << status;
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"model.ckpt"});
+  std::ifstream in(path);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), "the last good one");
+  std::filesystem::remove_all(dir);
+}
+
+// In a sticky directory (/tmp) only the file's owner, the directory's owner or root may replace a
+// file: check_writable refuses the others up front (the rename would fail after the whole run).
+TEST(AtomicFile, AnotherUsersFileInAStickyDirectoryIsRefused) {
+  const unsigned sticky = S_IFDIR | S_ISVTX | 0777, plain = S_IFDIR | 0777;
+  EXPECT_FALSE(may_replace_in(sticky, 0, 1000, 1001));
+  EXPECT_TRUE(may_replace_in(sticky, 0, 1001, 1001));     // the file's owner
+  EXPECT_TRUE(may_replace_in(sticky, 1001, 1000, 1001));  // the directory's owner
+  EXPECT_TRUE(may_replace_in(sticky, 0, 1000, 0));        // root
+  EXPECT_TRUE(may_replace_in(plain, 0, 1000, 1001));      // not sticky: the directory's write bit decides
 }
 
 }  // namespace
