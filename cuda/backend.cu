@@ -45,8 +45,11 @@ class CachingAllocator {
     cudaError_t status = cudaMalloc(&block, static_cast<size_t>(size));
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it, give the cache back, try once more
-      for (auto& [block_size, cached] : pool.free) cudaFree(cached);
+      cudaError_t free_error = cudaSuccess;  // a failed free is said, not dropped (the first one)
+      for (auto& [block_size, cached] : pool.free)
+        if (cudaError_t freed = cudaFree(cached); freed != cudaSuccess && free_error == cudaSuccess) free_error = freed;
       pool.free.clear();
+      QUIVER_CUDA_CHECK(free_error);
       status = cudaMalloc(&block, static_cast<size_t>(size));
     }
     if (status != cudaSuccess)

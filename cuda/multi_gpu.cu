@@ -12,16 +12,42 @@
 #include "cuda/context.h"
 #include "runtime/sma_math.h"
 
-#define QUIVER_NCCL_CHECK(call)                                                               \
-  do {                                                                                        \
-    ncclResult_t quiver_status_ = (call);                                                     \
-    if (quiver_status_ != ncclSuccess)                                                        \
-      ::quiver::cuda::fail(#call, __FILE__, __LINE__, "NCCL error", ncclGetErrorString(quiver_status_)); \
+#define QUIVER_NCCL_CHECK(call)                                                                   \
+  do {                                                                                            \
+    ncclResult_t quiver_status_ = (call);                                                         \
+    if (quiver_status_ != ncclSuccess)                                                            \
+      ::quiver::cuda::fail(#call, __FILE__, __LINE__, ::quiver::cuda::nccl_status_name(quiver_status_), \
+                           ::quiver::cuda::nccl_status_detail(quiver_status_));                   \
   } while (0)
 
 namespace quiver::cuda {
 
 namespace {
+
+// NCCL has a description for each status but no name: the name, as the other libraries give theirs.
+const char* nccl_status_name(ncclResult_t status) {
+  switch (status) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "ncclResult_t (unknown)";
+  }
+}
+
+// The status's description and, where NCCL kept one (2.13 on), what went wrong in this thread's
+// last call.
+std::string nccl_status_detail(ncclResult_t status) {
+  std::string detail = ncclGetErrorString(status);
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(nullptr); last && *last) detail += cat(" (", last, ")");
+#endif
+  return detail;
+}
 
 struct LearnerBuffers {
   float* params[kMaxLearnersPerDevice];

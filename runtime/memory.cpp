@@ -53,13 +53,23 @@ int64_t cgroup_headroom_bytes(const std::string& proc_self_cgroup, const std::st
     for (std::string name; std::getline(names, name, ',');) memory_v1 = memory_v1 || name == "memory";
     if (!v2 && !memory_v1) continue;
     const std::string root = v2 ? sys_fs_cgroup : sys_fs_cgroup + "/memory";
-    // Inside a cgroup namespace the process's own cgroup is mounted at the root: try both.
-    for (const std::string& dir : {root + path, root}) {
+    // Every cgroup from the process's own up to the root limits it (a batch system often sets
+    // the job's limit on a parent: Slurm's job/step/task), so the least headroom of them all.
+    // Inside a cgroup namespace the process's own cgroup is mounted at the root, which the walk
+    // reaches too; a path that leaves the namespace ("/../x") is read at the root only.
+    std::string relative = path.find("/..") == std::string::npos ? path : std::string();
+    int64_t least = -1;
+    for (;;) {
+      while (!relative.empty() && relative.back() == '/') relative.pop_back();
+      const std::string dir = root + relative;
       const int64_t headroom = v2 ? headroom_in(dir, "memory.max", "memory.current", "inactive_file")
                                   : headroom_in(dir, "memory.limit_in_bytes", "memory.usage_in_bytes",
                                                 "total_inactive_file");
-      if (headroom >= 0) return headroom;
+      if (headroom >= 0 && (least < 0 || headroom < least)) least = headroom;
+      if (relative.empty()) break;
+      relative.erase(relative.rfind('/') == std::string::npos ? 0 : relative.rfind('/'));
     }
+    if (least >= 0) return least;
   }
   return -1;
 }

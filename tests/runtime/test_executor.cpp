@@ -206,6 +206,64 @@ TEST(Executor, GrantedThreadsAreHonoured) {
   }
 }
 
+// Records, per node, how many threads the ExecContext its kernel was handed grants (the kernel's
+// own output is its input, copied).
+std::mutex context_threads_mutex;
+std::map<std::string, int> context_threads;
+const bool registered_recording_op = [] {
+  OpDef def;
+  def.kind = "test_records_threads";
+  def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
+  def.kernels.push_back(cpu_kernel("reference", [](const KernelCall& call) {
+    {
+      std::lock_guard<std::mutex> lock(context_threads_mutex);
+      context_threads[call.node.name] = call.ctx.threads();
+    }
+    call.outputs[0].copy_from(call.inputs[0]);
+  }));
+  return register_op(std::move(def));
+}();
+
+// What a kernel is handed is what it was granted: the context's thread count equals the grant,
+// for ops one at a time with all threads, two side by side with one each, and auto's choice. (Its
+// TBB workers may or may not join, by the machine's load: this holds whatever they do.)
+TEST(Executor, EachKernelIsHandedAContextOfItsGrant) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{16, 16});
+  std::vector<Value> branches;
+  for (int i = 0; i < 4; ++i) {
+    Value v = x;
+    for (int j = 0; j < 3; ++j) v = b.apply1("test_records_threads", {v}, {}, cat("rec_", i, "_", j));
+    branches.push_back(v);
+  }
+  Value out = b.add(b.add(branches[0], branches[1]), b.add(branches[2], branches[3]));
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {out});
+  for (const ExecutorOptions& options : {executor_options(Policy::Intra, 2), executor_options(Policy::Fixed, 1, 2, 1),
+                                         executor_options(Policy::Fixed, 1, 1, 2), executor_options(Policy::Auto, 2),
+                                         executor_options(Policy::Serial, 2)}) {
+    SCOPED_TRACE(cat(name_of(options.policy), " ", options.inter, "x", options.intra));
+    Executor executor(plan, options);
+    for (int step = 0; step < 8; ++step) {
+      {
+        std::lock_guard<std::mutex> lock(context_threads_mutex);
+        context_threads.clear();
+      }
+      executor.run();
+      std::lock_guard<std::mutex> lock(context_threads_mutex);
+      int recorded = 0;
+      for (size_t p = 0; p < plan.steps().size(); ++p) {
+        const std::string& name = b.graph().node(plan.steps()[p].node).name;
+        if (name.rfind("rec_", 0) != 0) continue;
+        ++recorded;
+        ASSERT_EQ(context_threads.count(name), 1u) << name;
+        EXPECT_EQ(context_threads[name], executor.last_threads()[p]) << name << " step " << step;
+      }
+      EXPECT_EQ(recorded, 12);
+    }
+  }
+}
+
 // A budget of k threads can really run k bodies at once: each chunk waits (up to 10 s) until k
 // distinct threads have arrived, which only happens if the arena gave it k threads. Also for more
 // threads than cores (a --threads above them): TBB would start no more than the cores otherwise.
@@ -399,10 +457,12 @@ TEST(Executor, ThrowingKernelCancelsTheStepAndNamesTheNode) {
   for (int i = 0; i < 10; ++i) left = b.tanh(left);
   Value bad = b.apply1("test_throws", {x}, {}, "the_bad_node");
   for (int i = 0; i < 10; ++i) right = b.sigmoid(right);
-  Value out = b.add(b.add(left, right), bad);
+  Value joined = b.add(left, right);
+  Value out = b.add(joined, bad);
   ParamStore store(b.graph());
   Plan plan(b.graph(), store, {out});
   const std::string last = b.graph().node(b.graph().value(out.id).producer).name;  // reads the bad node
+  const std::string join = b.graph().node(b.graph().value(joined.id).producer).name;  // does not
   for (Policy policy : {Policy::Serial, Policy::Intra, Policy::Fixed, Policy::Auto}) {
     SCOPED_TRACE(name_of(policy));
     Trace trace;
@@ -420,6 +480,14 @@ TEST(Executor, ThrowingKernelCancelsTheStepAndNamesTheNode) {
     const std::vector<TraceEvent> events = trace.events();
     EXPECT_FALSE(events.empty()) << "the other ops are traced";
     for (const TraceEvent& event : events) EXPECT_NE(event.name, last) << "'" << last << "' ran after the failure";
+    // And nothing else starts once an op has failed. One op at a time the order is known: the two
+    // chains (bottom levels 12 down to 3 units), then the bad node and `join` (2 units each, a tie
+    // the plan order breaks: the bad node first). So `join`, ready then, is cancelled every time:
+    // each step traces the 20 chain ops and no more.
+    if (policy == Policy::Serial) {
+      for (const TraceEvent& event : events) EXPECT_NE(event.name, join) << "'" << join << "' started after the failure";
+      EXPECT_EQ(events.size(), 6u * 20u);
+    }
     plan.set_trace(nullptr);
   }
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -79,11 +80,29 @@ TEST(Sma, RoundAfterSgdRecoversTheSnapshotsFromTheVelocities) {
   EXPECT_THROW(sma.round_after_sgd(params, too_few, SerialContext()), Error);
 }
 
-// Buffers of several blocks, three learners, the blocks spread over two threads: the same values
-// as one thread, bit for bit (each element's arithmetic is the same whichever thread does it), and
-// the velocity path equal to the snapshot path for s = w - v.
+// Two threads that count the chunks they are handed: the pass must really be cut.
+class ChunkCountingContext final : public ExecContext {
+ public:
+  int threads() const override { return 2; }
+  void parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& body) const override {
+    threads_.parallel_for(count, grain, [&](int64_t begin, int64_t end) {
+      ++chunks_;
+      body(begin, end);
+    });
+  }
+  int chunks() const { return chunks_.load(); }
+
+ private:
+  ThreadBudget threads_{2};
+  mutable std::atomic<int> chunks_{0};
+};
+
+// Buffers of many blocks (18: more than one chunk of the pass's grain), three learners, the
+// blocks cut into chunks over two threads: the same values as one thread, bit for bit (each
+// element's arithmetic is the same whichever thread does it), and the velocity path equal to
+// the snapshot path for s = w - v.
 TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
-  const int64_t n = 3 * 4096 + 5;
+  const int64_t n = 17 * 4096 + 5;
   std::mt19937 rng(7);
   auto random_buffer = [&] { return uniform_buffer(n, rng); };
   Tensor z0 = random_buffer();
@@ -101,7 +120,7 @@ TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
   std::vector<Tensor> w_serial = copies(w0), w_parallel = copies(w0), w_snapshots = copies(w0);
   SmaSync serial(z_serial, 3, SmaOptions{0.3, 0.9}), parallel(z_parallel, 3, SmaOptions{0.3, 0.9}),
       from_snapshots(z_snapshots, 3, SmaOptions{0.3, 0.9});
-  ThreadBudget two(2);
+  ChunkCountingContext two;
   for (int round = 0; round < 2; ++round) {  // the second round carries z's momentum
     serial.round_after_sgd(w_serial, v, SerialContext());
     parallel.round_after_sgd(w_parallel, v, two);
@@ -120,6 +139,7 @@ TEST(Sma, ParallelBlocksEqualOneThreadAndVelocitiesEqualSnapshots) {
       ASSERT_NEAR(w_snapshots[j].f32()[i], w_serial[j].f32()[i], 1e-5) << "w" << j << "[" << i << "]";
     }
   }
+  EXPECT_GT(two.chunks(), 4) << "two rounds of two passes, each cut into more than one chunk";
   // Not a no-op: z moved from where it started.
   double moved = 0.0;
   for (int64_t i = 0; i < n; ++i) moved += std::abs(z_serial.f32()[i] - z0.f32()[i]);

@@ -229,6 +229,24 @@ TEST(Memory, ACgroupLimitIsWhatTheProcessMayStillTake) {
   EXPECT_EQ(cgroup_headroom_bytes("5:cpu,cpuacct:/\n4:memory:/ci/job\n", root.string()), 1024 * MiB + 4096);
   write("memory/ci/job/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
   EXPECT_EQ(cgroup_headroom_bytes("4:memory:/ci/job\n", root.string()), -1);
+  // A limit on a parent (Slurm sets the job's; its step and task have none) holds its children;
+  // under several limits the least headroom counts, wherever it is on the way up (the root's
+  // 512 MiB above, too: removed first).
+  std::filesystem::remove(root / "memory.max");
+  write("slurm/job_1/memory.max", "1073741824\n");
+  write("slurm/job_1/memory.current", "134217728\n");
+  write("slurm/job_1/step_0/memory.max", "max\n");
+  write("slurm/job_1/step_0/memory.current", "134217728\n");
+  write("slurm/job_1/step_0/task_0/memory.max", "max\n");
+  write("slurm/job_1/step_0/task_0/memory.current", "134217728\n");
+  EXPECT_EQ(cgroup_headroom_bytes("0::/slurm/job_1/step_0/task_0\n", root.string()), 1024 * MiB - 128 * MiB);
+  EXPECT_EQ(cgroup_headroom_bytes("0::/slurm/job_1/step_0/task_0/\n", root.string()), 1024 * MiB - 128 * MiB);
+  write("slurm/job_1/step_0/task_0/memory.max", "2147483648\n");  // a looser child limit: the parent's holds
+  EXPECT_EQ(cgroup_headroom_bytes("0::/slurm/job_1/step_0/task_0\n", root.string()), 1024 * MiB - 128 * MiB);
+  write("slurm/job_1/step_0/task_0/memory.max", "201326592\n");  // a tighter one: its own holds
+  EXPECT_EQ(cgroup_headroom_bytes("0::/slurm/job_1/step_0/task_0\n", root.string()), 64 * MiB);
+  write("memory.max", "33554432\n");  // and the root's, tighter still
+  EXPECT_EQ(cgroup_headroom_bytes("0::/slurm/job_1/step_0/task_0\n", root.string()), 32 * MiB - 1);
   EXPECT_EQ(cgroup_headroom_bytes("", root.string()), -1);
   std::filesystem::remove_all(root);
   EXPECT_NE(available_memory_bytes(), 0);
