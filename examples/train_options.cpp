@@ -322,6 +322,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.gpus > 1 && command.train.device.is_cpu()) throw Error("--gpus: only with --device cuda");
   if (cuda_graphs_given && command.train.device.is_cpu()) throw Error("--cuda-graphs: only with --device cuda");
   if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");
+  if (command.gpus > 1 && !command.learners_auto && command.learners < command.gpus)
+    throw Error(cat("--gpus: ", command.learners, " learner(s) cannot cover ", command.gpus,
+                    " GPUs (at least one learner a GPU)"));
   if (!multi && command.threads_per_learner > 0) throw Error("--threads-per-learner: only with --learners");
   if (!multi && command.alpha >= 0.0) throw Error("--alpha: only with --learners");
   if (!multi && sync_given) throw Error("--sync: only with --learners (one model has nothing to synchronise)");

@@ -159,11 +159,16 @@ void check_writable(const std::string& path, const std::string& what) {
   const std::filesystem::path target = write_target(path, what);
   const std::string directory = directory_of(target);
   if (!std::filesystem::is_directory(directory, error))
-    throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "' does not exist"));
+    throw Error(cat(what, ": cannot write '", path, "': directory '", directory,
+                    std::filesystem::exists(directory, error) ? "' is not a directory" : "' does not exist"));
   // rename() would put a regular file in place of a device, a pipe or a socket (as root, even
   // /dev/null): only a regular file is replaced.
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error))
     throw Error(cat(what, ": '", path, "' is not a regular file"));
+  // A file its owner made read-only (to keep it) is not replaced behind their back, as a rename
+  // in a writable directory would; a plain write would have been refused too.
+  if (std::filesystem::exists(target, error) && ::access(target.c_str(), W_OK) != 0 && errno == EACCES)
+    throw Error(cat(what, ": cannot replace '", path, "': it is read-only (", std::strerror(errno), ")"));
   // In a sticky directory (/tmp) only the file's owner, the directory's or root may replace it:
   // the rename at the end of a run would be refused, even for a file anyone may write to.
   struct stat directory_status{}, target_status{};

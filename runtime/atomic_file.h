@@ -15,7 +15,8 @@ void write_file_atomically(const std::string& path, const std::string& text, con
 // Refuses, before any work is done, a destination write_file_atomically could not write: an empty
 // name, a directory or another file that is not a regular one (a device, a pipe, a process's open
 // file such as /dev/stdout), a parent directory that is missing or where no file can be created,
-// a name longer than the file system allows, a file of another user in a sticky directory (/tmp).
+// a name longer than the file system allows, a read-only file, a file of another user in a sticky
+// directory (/tmp).
 // A typo in an output path then costs nothing instead of a whole training run. Throws
 // quiver::Error naming `what`.
 void check_writable(const std::string& path, const std::string& what);

@@ -226,6 +226,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   BatcherOptions batcher_options;
   batcher_options.batch_size = options_.batch;
   batcher_options.seed = options_.seed;
+  batcher_options.first_epoch = epochs_done_;  // a second fit() continues the data order
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();
   int64_t total = per_epoch * options_.epochs;
@@ -237,9 +238,11 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   const TraceOnError trace_on_error(trace_.get(), options_.trace_path);
   int64_t global = 0;
   bool keep_going = true;
+  const int64_t epochs_before = epochs_done_;  // epochs are numbered from the start of training
   for (int64_t epoch = 1; epoch <= options_.epochs && global < total && keep_going; ++epoch) {
+    const int64_t number = epochs_before + epoch;
     EpochReport epoch_report;
-    epoch_report.epoch = epoch;
+    epoch_report.epoch = number;
     const double epoch_start = clock.training_seconds();
     double loss_sum = 0.0;
     int64_t correct = 0;
@@ -256,12 +259,12 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
         double elapsed = clock.training_seconds();
-        Progress p{epoch, options_.epochs, step, per_epoch, global, total, loss_sum / step,
+        Progress p{number, epochs_before + options_.epochs, step, per_epoch, global, total, loss_sum / step,
                    global * options_.batch / std::max(elapsed, 1e-9),
                    elapsed / global * (total - global), last};
         progress_(p);
       }
-      if (!last) keep_going = clock.between_batches(epoch, global - 1, global);
+      if (!last) keep_going = clock.between_batches(number, global - 1, global);
     }
     epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_report.steps);
@@ -269,8 +272,9 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
         static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch);
     epoch_report.samples_per_second = epoch_report.steps * options_.batch / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
-    if (test) epoch_report.test_accuracy = clock.epoch_end(epoch, global, keep_going);
+    if (test) epoch_report.test_accuracy = clock.epoch_end(number, global, keep_going);
     report.epochs.push_back(epoch_report);
+    if (epoch_report.steps == per_epoch) ++epochs_done_;  // a cut one starts again at the next fit()
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = global;

@@ -137,8 +137,12 @@ class Trainer {
   Trainer(ModelSpec model, TrainOptions options);
   ~Trainer();
 
-  // Trains on `train`; evaluates on `test` after each epoch when given.
+  // Trains on `train` for TrainOptions::epochs more epochs (or max_steps steps); evaluates on
+  // `test` after each epoch when given. A second fit() continues the data order after the epochs
+  // trained to their end (one cut short by max_steps or a callback starts again), and numbers its
+  // epochs from the start of training.
   TrainReport fit(const Dataset& train, const Dataset* test = nullptr);
+  int64_t epochs_done() const { return epochs_done_; }
   // Top-1 accuracy of the current parameters.
   double evaluate(const Dataset& data);
   // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks.
@@ -191,6 +195,7 @@ class Trainer {
   // The training plan's inputs, looked up once rather than by name every step.
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
   int64_t steps_done_ = 0;
+  int64_t epochs_done_ = 0;  // epochs fit() trained to their end: the next fit() goes on after them
   std::vector<float> host_buffer_;
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;

@@ -139,6 +139,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BadFlag{{"--device", "tpu"}, "--device"}, BadFlag{{"--device", "cuda:x"}, "--device"},
                       BadFlag{{"--gpus", "0"}, "--gpus"}, BadFlag{{"--gpus", "2", "--learners", "2"}, "--gpus"},
                       BadFlag{{"--device", "cuda", "--gpus", "2"}, "--gpus"},
+                      BadFlag{{"--device", "cuda", "--learners", "1", "--gpus", "2"}, "--gpus"},
                       BadFlag{{"--device", "cuda", "--cuda-graphs", "yes"}, "--cuda-graphs"},
                       BadFlag{{"--cuda-graphs", "on"}, "--cuda-graphs"},
                       BadFlag{{"--model", "resnet"}, "--model"}, BadFlag{{"--batch", "0"}, "--batch"},
