@@ -100,6 +100,14 @@ std::vector<NodeId> readers_of(const Graph& graph, ValueId value) {
   return graph.consumers(value);
 }
 
+// The learning rate and Adam's step are fed each step: inputs, not parameters the update would
+// also be training (or activations computed from them).
+void check_fed(const Graph& graph, Value value, const char* what) {
+  const ValueInfo& info = graph.value(graph.id_of(value, cat("optimizer: ", what)));
+  if (info.role != ValueRole::Input || info.shape.numel() != 1)  // its dtype: the update op's check
+    throw Error(cat("optimizer: the ", what, " '", info.name, "' must be an input of one value, fed each step"));
+}
+
 // Updates need gradients, and one optimizer: a second would update every parameter twice a step
 // (two SGD updates would also share one velocity).
 void check_ready_for_updates(const Graph& graph) {
@@ -115,6 +123,7 @@ void check_ready_for_updates(const Graph& graph) {
 void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions& options) {
   Graph& graph = builder.graph();
   check_ready_for_updates(graph);
+  check_fed(graph, learning_rate, "learning rate");
   if (!(options.momentum >= 0.0 && options.momentum < 1.0))
     throw Error(cat("sgd: momentum must be in [0, 1), got ", options.momentum));
   if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
@@ -133,6 +142,8 @@ void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
                      const AdamOptions& options) {
   Graph& graph = builder.graph();
   check_ready_for_updates(graph);
+  check_fed(graph, learning_rate, "learning rate");
+  check_fed(graph, step, "step");
   // beta = 1 would divide by zero in the bias correction; epsilon = 0 would turn a zero gradient into 0/0.
   if (!(options.beta1 >= 0.0 && options.beta1 < 1.0)) throw Error(cat("adam: beta1 must be in [0, 1), got ", options.beta1));
   if (!(options.beta2 >= 0.0 && options.beta2 < 1.0)) throw Error(cat("adam: beta2 must be in [0, 1), got ", options.beta2));

@@ -89,9 +89,21 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
   InferContext infer{node, {}};
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo& info = graph_.value(graph_.id_of(inputs[i], cat(op, " '", node.name, "': input ", i)));
+    // A parameter (or its optimizer state) is written in place by its update, which runs after
+    // the readers it was given when it was added: a reader added later would race with it (or
+    // read the updated value), and a second update would apply twice.
+    if (info.role == ValueRole::Parameter || info.role == ValueRole::State)
+      for (NodeId reader : graph_.consumers(info.id))
+        if (const Node& update = graph_.node(reader); OpRegistry::global().get(update.op).updates_in_place)
+          throw Error(cat(op, " '", node.name, "': reads '", info.name, "', which '", update.name,
+                          "' already updates in place; add every use of a parameter before the optimizer"));
     infer.inputs.push_back({info.shape, info.dtype});
     node.inputs.push_back(info.id);
   }
+  // An update writes its first input in place: a parameter's view, never a batch or an activation.
+  if (def.updates_in_place &&
+      (inputs.empty() || graph_.value(node.inputs[0]).role != ValueRole::Parameter))
+    throw Error(cat(op, " '", node.name, "': updates its first input in place, which must be a parameter"));
   // Checked here as well as by Graph::add_node: nothing is added to the graph for a node refused.
   for (NodeId control : node.control_inputs)
     if (control < 0 || control >= static_cast<NodeId>(graph_.nodes().size()))

@@ -1,5 +1,6 @@
 #include "core/graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <utility>
@@ -120,6 +121,22 @@ NodeId Graph::add_node(Node node) {
   for (NodeId control : node.control_inputs)
     if (control < 0 || control >= node.id)
       throw Error(cat(node.op, " '", node.name, "': control input ", control, " does not exist"));
+  // An output is a new activation: not a parameter or an input, not another node's output, and
+  // read by no node yet (that node would run before it is written: a cycle).
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    const ValueId output = node.outputs[i];
+    if (output < 0 || output >= static_cast<ValueId>(values_.size()))
+      throw Error(cat(node.op, " '", node.name, "': output value ", output, " does not exist"));
+    const ValueInfo& info = values_[static_cast<size_t>(output)];
+    if (info.role != ValueRole::Activation || info.producer >= 0)
+      throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is ",
+                      info.producer >= 0 ? cat("already the output of node ", info.producer) : std::string("not an activation")));
+    if (!consumers(output).empty())
+      throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is read by an earlier node (a cycle)"));
+    if (std::find(node.outputs.begin(), node.outputs.begin() + static_cast<std::ptrdiff_t>(i), output) !=
+        node.outputs.begin() + static_cast<std::ptrdiff_t>(i))
+      throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is given twice"));
+  }
   for (ValueId output : node.outputs) values_.at(output).producer = node.id;
   nodes_.push_back(std::move(node));
   return nodes_.back().id;

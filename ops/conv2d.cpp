@@ -225,8 +225,9 @@ const bool registered = [] {
     if (ctx.needs_grad(0))
       ctx.set_input_grad(0, b.apply1("conv2d_grad_input", {ctx.output_grad(0), ctx.input(1)},
                                      input_attrs, ctx.name("input")));
-    ctx.set_input_grad(1, b.apply1("conv2d_grad_weight", {ctx.output_grad(0), ctx.input(0)},
-                                   weight_attrs, ctx.name("weight")));
+    if (ctx.needs_grad(1))  // a fixed filter over a parameter input: its grad would run every step
+      ctx.set_input_grad(1, b.apply1("conv2d_grad_weight", {ctx.output_grad(0), ctx.input(0)},
+                                     weight_attrs, ctx.name("weight")));
   };
   def.kernels.push_back(onednn_conv2d_kernel());
   def.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_forward});

@@ -74,9 +74,13 @@ const bool registered = [] {
                        });
   register_elementwise("mul", true, binary_kernel([](float a, float b) { return math::mul(a, b); }),
                        [](GradContext& ctx) {
+                         // Only the gradients wanted: an unwanted one that reads a parameter would
+                         // still run every step, as a reader the parameter's update waits for.
                          GraphBuilder& b = ctx.builder();
-                         ctx.set_input_grad(0, b.mul(ctx.output_grad(0), ctx.input(1), ctx.name("lhs")));
-                         ctx.set_input_grad(1, b.mul(ctx.output_grad(0), ctx.input(0), ctx.name("rhs")));
+                         if (ctx.needs_grad(0))
+                           ctx.set_input_grad(0, b.mul(ctx.output_grad(0), ctx.input(1), ctx.name("lhs")));
+                         if (ctx.needs_grad(1))
+                           ctx.set_input_grad(1, b.mul(ctx.output_grad(0), ctx.input(0), ctx.name("rhs")));
                        });
   register_elementwise("relu", false, unary_kernel([](float x) { return math::relu(x); }), activation_backward("relu_grad"));
   register_elementwise("sigmoid", false, unary_kernel([](float x) { return math::sigmoid(x); }),

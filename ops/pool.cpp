@@ -28,6 +28,8 @@ namespace {
 Shape pooled(const InferContext& ctx, const Shape& x) {
   if (x.rank() != 4) ctx.fail(cat("input ", x.str(), " must have rank 4"));
   int64_t kernel = ctx.node.attrs.get_int("kernel"), stride = ctx.node.attrs.get_int("stride", kernel);
+  if (ctx.node.attrs.get_int("padding", 0) != 0)  // the kernels pool unpadded windows only
+    ctx.fail(cat("padding ", ctx.node.attrs.get_int("padding"), " is not supported (pooling windows are unpadded)"));
   if (kernel < 1 || stride < 1 || kernel > x[2] || kernel > x[3])
     ctx.fail(cat("kernel ", kernel, " / stride ", stride, " invalid for ", x.str()));
   if (x[2] * x[3] > std::numeric_limits<int32_t>::max())  // the argmax is an int32 index into a plane

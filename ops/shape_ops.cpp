@@ -40,6 +40,7 @@ int64_t resolve_step(const Shape& x, int64_t step) { return step < 0 ? step + x[
 std::vector<TensorType> infer_select_step(const InferContext& ctx) {
   expect_inputs(ctx, 1);
   expect_rank(ctx, 0, 3);
+  expect_dtype(ctx, 0, DType::F32);  // its kernels copy floats (an int32 input was read as floats)
   const Shape& x = ctx.shape(0);
   int64_t step = resolve_step(x, ctx.node.attrs.get_int("step"));
   if (step < 0 || step >= x[1])
@@ -49,6 +50,7 @@ std::vector<TensorType> infer_select_step(const InferContext& ctx) {
 
 std::vector<TensorType> infer_select_step_grad(const InferContext& ctx) {
   expect_inputs(ctx, 1);
+  expect_dtype(ctx, 0, DType::F32);
   Shape full(ctx.node.attrs.get_ints("shape"));
   if (full.rank() != 3 || ctx.shape(0) != Shape{full[0], full[2]})
     ctx.fail(cat("gradient ", ctx.shape(0).str(), " does not fit sequence ", full.str()));

@@ -252,6 +252,60 @@ TEST(Builder, DtypesAndGradientOpShapesAreChecked) {
   Value few = b.input("few_labels", Shape{3}, DType::I32);
   Value dloss = b.input("dloss", Shape{});
   EXPECT_THROW(b.apply1("softmax_cross_entropy_grad", {dloss, probs, few}), Error);
+
+  // select_step copies floats: an int32 sequence was read as floats (1..6 came out as denormals).
+  Value tokens = b.input("tokens", Shape{2, 3, 1}, DType::I32);
+  Attrs last;
+  last.set("step", int64_t{-1});
+  message = error_of([&] { b.apply1("select_step", {tokens}, last, "int_step"); });
+  EXPECT_NE(message.find("int_step"), std::string::npos) << message;
+  EXPECT_NE(message.find("i32"), std::string::npos) << message;
+  // Pooling windows are unpadded: a padding was ignored, giving PyTorch's padded shape's smaller twin.
+  Value image = b.input("image", Shape{1, 1, 5, 5});
+  Attrs padded;
+  padded.set("kernel", int64_t{3}).set("stride", int64_t{2}).set("padding", int64_t{1});
+  message = error_of([&] { b.apply("max_pool2d", {image}, padded, "padded_pool"); });
+  EXPECT_NE(message.find("padding 1 is not supported"), std::string::npos) << message;
+}
+
+// Graph::add_node takes outputs that are new activations only: an input or parameter as output, a
+// value another node produces, or one an earlier node reads (a cycle) are refused with the node's
+// name, and so is an output that does not exist (it threw std::out_of_range).
+TEST(Graph, ANodesOutputsAreNewActivations) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 2});
+  Value w = b.parameter("w", Shape{2, 2}, ParamInit::zeros());
+  Value y = b.relu(x, "first");
+  Graph& g = b.graph();
+  auto node_writing = [&](ValueId output, ValueId input) {
+    Node node;
+    node.op = "relu";
+    node.name = "bad";
+    node.inputs = {input};
+    node.outputs = {output};
+    return node;
+  };
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(x.id, y.id)); }).find("'bad': output 'x' is not an activation"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(w.id, y.id)); }).find("output 'w' is not an activation"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(y.id, x.id)); }).find("output 'first' is already the output of node"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(12345, x.id)); }).find("output value 12345 does not exist"),
+            std::string::npos);
+  ValueInfo fresh;
+  fresh.name = "fresh";
+  fresh.shape = Shape{2, 2};
+  const ValueId later = g.add_value(fresh);
+  Value read_early = b.relu(g.handle(later), "reads_fresh");  // reads a value nothing has produced yet
+  (void)read_early;
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(later, x.id)); }).find("output 'fresh' is read by an earlier node"),
+            std::string::npos);
+  Node twice = node_writing(g.add_value(ValueInfo{}), x.id);
+  twice.outputs.push_back(twice.outputs[0]);
+  EXPECT_NE(error_of([&] { g.add_node(twice); }).find("is given twice"), std::string::npos);
+  const size_t nodes = g.nodes().size();
+  EXPECT_EQ(g.add_node(node_writing(g.add_value(ValueInfo{}), x.id)), static_cast<NodeId>(nodes));  // a new one is fine
 }
 
 // Errors that are not about shapes (a missing or mistyped attribute) still name the op, the node

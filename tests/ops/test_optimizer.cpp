@@ -1,7 +1,11 @@
 // Optimizer update ops against their closed forms, over several steps, on flat-buffer slices.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -135,6 +139,80 @@ TEST(Optimizer, UpdateRunsAfterEveryReaderOfItsParameter) {
         << graph.node(reader).name;
   }
   EXPECT_GE(readers, 1) << "the forward pass reads w: there is an order to check";
+}
+
+// The update runs after the readers it knows when it is added: a reader of the parameter (or of its
+// state) added later would race with it, a second update would apply twice, and an update of a
+// batch or an activation writes what is not a parameter. All refused, naming the node.
+TEST(Optimizer, NoReaderOrUpdateOfAParameterAfterItsUpdate) {
+  auto refused = [](const std::function<void(LinearLoss&)>& late, const std::string& expected) {
+    LinearLoss problem("sgd");
+    try {
+      late(problem);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  };
+  refused([](LinearLoss& p) { p.builder.matmul(p.w, p.r, false, false, "late_reader"); },
+          "matmul 'late_reader': reads 'w', which 'w/update' already updates in place");
+  refused([](LinearLoss& p) { p.builder.relu(p.builder.graph().handle(p.builder.graph().params()[0].value), "late"); },
+          "relu 'late': reads 'w'");
+  refused(
+      [](LinearLoss& p) {
+        Graph& g = p.builder.graph();
+        p.builder.apply("sgd_update", {g.handle(g.params()[0].value), g.handle(g.params()[0].grad),
+                                       p.builder.state(0, "velocity"), p.lr},
+                        Attrs().set("momentum", 0.9).set("weight_decay", 0.0), "again");
+      },
+      "sgd_update 'again': reads 'w', which 'w/update' already updates in place");
+  refused(
+      [](LinearLoss& p) {
+        Graph& g = p.builder.graph();
+        p.builder.apply("sgd_update", {p.r, g.handle(g.params()[0].grad), p.builder.state(0, "velocity"), p.lr},
+                        Attrs().set("momentum", 0.9).set("weight_decay", 0.0), "of_a_batch");
+      },
+      "sgd_update 'of_a_batch': updates its first input in place, which must be a parameter");
+}
+
+// The learning rate and Adam's step are inputs fed each step: a parameter (which the update would
+// also train) or an activation is refused.
+TEST(Optimizer, TheLearningRateAndStepAreInputs) {
+  for (const char* optimizer : {"sgd", "adam"}) {
+    SCOPED_TRACE(optimizer);
+    GraphBuilder b;
+    Value w = b.parameter("w", Shape{1, 5}, ParamInit::zeros());
+    Value rate = b.parameter("rate", Shape{1}, ParamInit::zeros());
+    Value loss = b.reshape(b.matmul(w, b.input("R", Shape{5, 1})), Shape{});
+    build_backward(b, loss);
+    try {
+      if (std::string(optimizer) == "sgd")
+        add_sgd_update(b, rate, SgdOptions{});
+      else
+        add_adam_update(b, b.input("learning_rate", Shape{1}), b.relu(rate), AdamOptions{});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("must be an input of one value, fed each step"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+// A product's gradient is built only for the factors that need one: x * s with x a batch and s a
+// parameter has no gradient for x, which would read s every step for nothing (as a reader of s,
+// the update waits for it, so the plan ran it).
+TEST(Optimizer, AProductBuildsOnlyTheGradientsItNeeds) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4, 3});
+  Value scale = b.parameter("scale", Shape{4, 3}, ParamInit::zeros());
+  Value loss = b.reshape(b.matmul(b.mul(x, scale, "gate"), b.input("R", Shape{3, 1})), Shape{4});
+  loss = b.reshape(b.matmul(b.input("ones", Shape{1, 4}), b.reshape(loss, Shape{4, 1})), Shape{});
+  build_backward(b, loss);
+  add_sgd_update(b, b.input("learning_rate", Shape{1}), SgdOptions{});
+  std::vector<std::string> names;
+  for (const Node& node : b.graph().nodes()) names.push_back(node.name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "gate/grad/rhs"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "gate/grad/lhs"), names.end());
 }
 
 }  // namespace
