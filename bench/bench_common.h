@@ -53,6 +53,9 @@ inline std::vector<std::string> split(const std::string& flag, const std::string
   std::stringstream stream(text);
   for (std::string part; std::getline(stream, part, ',');) {
     if (part.empty()) throw Error(cat(flag, ": empty item in '", text, "'"));
+    // A second row or column of the same thing would merge into the first (--learners 2,2).
+    if (std::find(parts.begin(), parts.end(), part) != parts.end())
+      throw Error(cat(flag, ": '", part, "' is given twice in '", text, "'"));
     parts.push_back(part);
   }
   if (parts.empty() || text.back() == ',') throw Error(cat(flag, ": expected a comma-separated list, got '", text, "'"));

@@ -213,13 +213,14 @@ int main(int argc, char** argv) {
           std::string row = cat("| ", model, " | ", batch, " | ", o.staleness[g], " | ", static_cast<int64_t>(base), " |");
           for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rate[k])), " |");
           for (int k : o.learners) row += cat(" ", bench::fixed(bench::median(rate[k]) / base), " |");
-          // The tuner (--learners auto) on the same data and clock gate, up to the most learners
+          // The tuner (--learners auto) on the same data and clock gate, with quiver-train's
+          // ceiling (on the CPU a learner a core at least) and no higher than the most learners
           // measured here; its pick is judged by the fixed configurations' rates measured above.
           LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
           tuned.tune = true;
           tuned.tune_cores = o.threads;
           tuned.tune_leap = o.tune_leap;
-          tuned.max_learners = most;
+          tuned.max_learners = o.device.is_cpu() ? std::min(most, o.threads) : most;
           LearnerGroup tuner(models::by_name(model), train, tuned);
           tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
           tuner.fit(pool_data, nullptr, 1000000);

@@ -46,12 +46,18 @@ void check_options(const TrainOptions& o) {
 
 }  // namespace
 
-FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback)
-    : every_(every), evaluate_(std::move(evaluate)), callback_(std::move(callback)), start_(Clock::now()) {}
+FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback,
+                   std::function<void()> settle)
+    : every_(every),
+      evaluate_(std::move(evaluate)),
+      callback_(std::move(callback)),
+      settle_(std::move(settle)),
+      start_(Clock::now()) {}
 
 double FitClock::training_seconds() const { return seconds_since(start_) - off_clock_seconds_; }
 
 bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
+  if (settle_) settle_();
   const double trained = training_seconds();
   return off_the_clock([&] {  // neither the evaluation nor its callback is training
     last_accuracy_ = evaluate_();
@@ -252,8 +258,9 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       double loss = train_step(batch.images.data(), batch.labels.data());
       ++global;
       loss_sum += loss;
-      correct += count_correct(on_host(*train_plan_, train_plan_->tensor(probs_), host_buffer_),
-                               batch.labels.data(), batch.size, classes);
+      if (options_.train_accuracy)
+        correct += count_correct(on_host(*train_plan_, train_plan_->tensor(probs_), host_buffer_),
+                                 batch.labels.data(), batch.size, classes);
       epoch_report.steps = step;
       bool last = step == per_epoch || global == total;
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
@@ -269,7 +276,8 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
     epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_report.steps);
     epoch_report.train_accuracy =
-        static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch);
+        options_.train_accuracy ? static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch)
+                                : -1.0;
     epoch_report.samples_per_second = epoch_report.steps * options_.batch / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
     if (test) epoch_report.test_accuracy = clock.epoch_end(number, global, keep_going);

@@ -36,6 +36,10 @@ struct TrainOptions {
   // fit(): besides after each epoch, evaluate the test set every this many training batches
   // (every learner's batches count); 0: after each epoch only.
   int64_t eval_every = 0;
+  // fit(): count each epoch's training accuracy (on a device, the probabilities are copied to the
+  // host every step for it: about 7% of a replayed MLP step at batch 64 on an H100). false: not
+  // counted (EpochReport::train_accuracy -1), as learner groups never count it.
+  bool train_accuracy = true;
   bool profile = false;  // time every step of the training plan (Plan::profile_report)
   std::string trace_path;  // non-empty: write a Chrome trace of the training steps there after fit
   // The Executor's policy: "auto" (the performance model grants each op its threads, up to
@@ -93,7 +97,11 @@ struct Evaluation {
 // stop).
 class FitClock {
  public:
-  FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback);
+  // `settle`, when given, runs on the clock before each evaluation: the work still in flight then
+  // (learners rounds behind under a staleness bound) is training, and finishes before the time
+  // an evaluation reports is read.
+  FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback,
+           std::function<void()> settle = {});
   double training_seconds() const;
   // After training batches (before, after] of the run: evaluates once if a multiple of `every`
   // lies in that range. Returns false when the callback asked to stop.
@@ -110,6 +118,7 @@ class FitClock {
   int64_t every_;
   std::function<double()> evaluate_;
   std::function<bool(const Evaluation&)> callback_;
+  std::function<void()> settle_;
   std::chrono::steady_clock::time_point start_;
   double off_clock_seconds_ = 0.0;
   int64_t evaluated_at_ = -1;

@@ -9,12 +9,15 @@ def target_of(path):
     """The file a write to `path` replaces: a symbolic link is written through (the file it names
     is replaced, the link stays), as runtime/atomic_file.cpp does. Raises OSError when that is
     something other than a regular file (a pipe, a device, a directory), which a rename would
-    replace, or when its folder is missing or takes no new files."""
+    replace, when it is read-only (kept, as a plain write would keep it), or when its folder is
+    missing or takes no new files."""
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise OSError(f"{path} is a directory")
     if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
         raise OSError(f"{path} is not a regular file")
+    if os.path.lexists(target) and not os.access(target, os.W_OK):
+        raise OSError(f"{path} is read-only")
     folder = os.path.dirname(target)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise OSError(f"cannot write in {folder}")

@@ -9,7 +9,7 @@ side by side in one run, so the headroom left for in-process learners on this ma
 number rather than an assumption.
 
 Per model and batch, each run times:
-  one  : one process, --threads 2 (all cores of a 2-core machine; --threads sets it)
+  one  : one process, --threads 2 (all cores of a 2-core machine; the count is fixed at 2)
   pair : two processes started together, --threads 1 each; their samples/s are added
 Each process times its own steps after a warm-up (Quiver: after its executor's profiling), and
 both processes of a pair do the same work, so their timed windows mostly overlap; a pair whose

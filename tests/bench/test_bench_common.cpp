@@ -41,5 +41,22 @@ TEST(BenchCommon, FlagsAreReadWithClearErrors) {
   EXPECT_EQ(error_of({"bench", "--runs", "3"}), "accepted, i = 2");
 }
 
+// A list flag takes each item once: a repeated one would merge into the first one's row or column
+// (--learners 2,2 put both groups' rates under one key); empty items and trailing commas are named.
+TEST(BenchCommon, ListsAreReadItemByItemAndOnce) {
+  EXPECT_EQ(bench::split("--learners", "1,2,4"), (std::vector<std::string>{"1", "2", "4"}));
+  auto error_of = [](const std::string& text) {
+    try {
+      bench::split("--learners", text);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error_of("2,2"), "--learners: '2' is given twice in '2,2'");
+  EXPECT_EQ(error_of("1,,2"), "--learners: empty item in '1,,2'");
+  EXPECT_EQ(error_of("1,2,"), "--learners: expected a comma-separated list, got '1,2,'");
+}
+
 }  // namespace
 }  // namespace quiver

@@ -428,6 +428,45 @@ TEST(Trainer, EpochCallbacksAreNotTrainingTime) {
   EXPECT_LT(report.seconds, wall - 0.25);
 }
 
+// What is still in flight when an evaluation is due (learners rounds behind under a staleness
+// bound) is training: FitClock's `settle` runs on the clock, before the reported time is read, and
+// the evaluation itself stays off it. (Settling inside the evaluation left that work unclocked.)
+TEST(FitClock, SettlingBeforeAnEvaluationIsTrainingTime) {
+  std::vector<double> reported;
+  FitClock clock(
+      1,
+      [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the evaluation
+        return 0.5;
+      },
+      [&](const Evaluation& e) {
+        reported.push_back(e.seconds);
+        return true;
+      },
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(40)); });  // learners finishing
+  EXPECT_TRUE(clock.between_batches(1, 0, 1));
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_GE(reported[0], 0.04) << "the settling is training time";
+  EXPECT_LT(clock.training_seconds() - reported[0], 0.06) << "the evaluation is not";
+  // A batch range with no multiple of `every` in it evaluates nothing (every = 1: none is empty).
+  FitClock every_ten(10, [] { return 0.5; }, nullptr, [] { ADD_FAILURE() << "settled without an evaluation"; });
+  EXPECT_TRUE(every_ten.between_batches(1, 1, 9));
+}
+
+// fit() without training accuracy (TrainOptions::train_accuracy false, what the time-to-accuracy
+// bench asks of both sides) trains the same parameters and reports the accuracy as -1.
+TEST(Trainer, TrainingAccuracyMayBeLeftUncounted) {
+  const Dataset train = synthetic(40, 3);
+  TrainOptions options = small_fit_options(1);
+  Trainer counted(models::mlp(), options);
+  options.train_accuracy = false;
+  Trainer uncounted(models::mlp(), options);
+  EXPECT_GE(counted.fit(train).epochs.at(0).train_accuracy, 0.0);
+  EXPECT_EQ(uncounted.fit(train).epochs.at(0).train_accuracy, -1.0);
+  const Tensor &a = counted.params().flat_params(), &b = uncounted.params().flat_params();
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+}
+
 // Models and data the trainer cannot use are refused with what is wrong, before any step: a
 // spec with no build function, a model that declares an input the trainer never feeds (or one
 // of its own names), an empty test set, and data to evaluate whose samples do not fit.
