@@ -3,6 +3,9 @@
 // writing uses zlib's gz* API). Not a parser of element types other than unsigned byte.
 #include "runtime/idx.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -58,9 +61,27 @@ std::string hex32(uint32_t value) {
 // end, and finish() reads on to that end. (gzread missed a cut trailer: when a large read used up
 // the input just as it was filled, it took the end of the file for the end of the stream.)
 class ByteSource {
+  // The file at `path`, opened without blocking (a pipe would block the open and the reads for
+  // ever) and only when it is a regular file: a pipe, a device or a directory is named.
+  static std::FILE* open_regular(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw Error(cat("idx '", path, "': cannot open: ", std::strerror(errno)));
+    struct stat status{};
+    if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
+      ::close(fd);
+      throw Error(cat("idx '", path, "': not a regular file"));
+    }
+    std::FILE* file = ::fdopen(fd, "rb");
+    if (!file) {
+      const int error = errno;
+      ::close(fd);
+      throw Error(cat("idx '", path, "': cannot open: ", std::strerror(error)));
+    }
+    return file;
+  }
+
  public:
-  explicit ByteSource(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "rb")) {
-    if (!file_) throw Error(cat("idx '", path, "': cannot open: ", std::strerror(errno)));
+  explicit ByteSource(const std::string& path) : path_(path), file_(open_regular(path)) {
     refill();
     gzip_ = have_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
     if (!gzip_) return;

@@ -277,9 +277,10 @@ DeviceCase matmul_case(bool ta, bool tb, Update update = Update::None) {
                    update);
 }
 
-DeviceCase elementwise_case(const std::string& kind, int arity, Draw draw = Draw::Smooth) {
-  std::vector<InputSpec> inputs(arity, InputSpec{Shape{4, 9}, draw});
-  return make_case(kind, inputs, [kind](GraphBuilder& b, const std::vector<Value>& in) { return b.apply1(kind, in); });
+DeviceCase elementwise_case(const std::string& kind, int arity, Draw draw = Draw::Smooth, Shape shape = Shape{4, 9}) {
+  std::vector<InputSpec> inputs(arity, InputSpec{shape, draw});
+  return make_case(shape == Shape{4, 9} ? kind : kind + shape.str(), inputs,
+                   [kind](GraphBuilder& b, const std::vector<Value>& in) { return b.apply1(kind, in); });
 }
 
 DeviceCase bias_add_case(Shape x, Update update = Update::None) {
@@ -300,9 +301,10 @@ DeviceCase max_pool_case(Shape x, int64_t kernel, int64_t stride) {
                    [=](GraphBuilder& b, const std::vector<Value>& in) { return b.max_pool2d(in[0], kernel, stride); });
 }
 
-DeviceCase softmax_ce_case() {
-  const int64_t batch = 6, classes = 5;
-  return make_case("softmax_cross_entropy", {{Shape{batch, classes}}, {Shape{batch}, Draw::Labels, classes}},
+DeviceCase softmax_ce_case(int64_t batch = 6, int64_t classes = 5) {
+  return make_case(batch == 6 && classes == 5 ? std::string("softmax_cross_entropy")
+                                              : cat("softmax_cross_entropy_", batch, "x", classes),
+                   {{Shape{batch, classes}}, {Shape{batch}, Draw::Labels, classes}},
                    [](GraphBuilder& b, const std::vector<Value>& in) { return b.softmax_cross_entropy(in[0], in[1]); });
 }
 
@@ -348,6 +350,12 @@ std::vector<DeviceCase> all_cases() {
       conv_case(Shape{1, 1, 6, 6}, Shape{2, 1, 5, 5}, 1, 2),                // the CNN's 5x5, pad 2
       max_pool_case(Shape{2, 3, 6, 6}, 2, 2), max_pool_case(Shape{1, 2, 7, 7}, 3, 2),  // overlapping windows
       softmax_ce_case(),
+      // Beyond one block and one pass of a reduction (the cases above fit in one): grid-stride
+      // loops, several blocks, strided sums in the block reductions, more rows than threads; and
+      // pooling that leaves a row and a column uncovered (9 by 2s) or skips between windows (s 3).
+      elementwise_case("add", 2, Draw::Smooth, Shape{3, 1001}), elementwise_case("tanh", 1, Draw::Smooth, Shape{7, 5003}),
+      bias_add_case(Shape{3, 5, 17, 19}), softmax_ce_case(300, 1000),
+      max_pool_case(Shape{1, 2, 9, 9}, 2, 2), max_pool_case(Shape{2, 2, 8, 8}, 2, 3),
       lstm_case(2, 1, 3, 4),                 // one step
       lstm_case(3, 5, 4, 3, Update::Adam),   // several steps
       lstm_last_step_case(),

@@ -139,6 +139,16 @@ TEST_F(DataIdx, MissingFileSaysCannotOpen) {
   expect_error([&] { read_idx(file); }, {file, "cannot open"});
 }
 
+// read_idx itself refuses what is not a regular file, without blocking: a pipe with no writer would
+// block the open for ever (the Fashion-MNIST loader checks first; other callers need not), and a
+// directory cannot be read.
+TEST_F(DataIdx, APipeOrADirectoryIsNotRead) {
+  const std::string pipe = path("pipe-ubyte");
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
+  expect_error([&] { read_idx(pipe); }, {pipe, "not a regular file"});
+  expect_error([&] { read_idx(dir_.string()); }, {dir_.string(), "not a regular file"});
+}
+
 TEST_F(DataIdx, TruncatedDataPlain) {
   const std::string file = path("short");
   write_bytes(file, {0, 0, 8, 1, 0, 0, 0, 10, 1, 2, 3, 4, 5});
