@@ -118,7 +118,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     // Once settled, the last entry repeats the choice; every other entry is a measurement, or a
     // configuration not run because one_thread_bound() said it could not gain (bounded).
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
-    // Single-stream's samples/s: its faster window (two after a gain), as the tuner counts it.
+    // Single-stream's samples/s: its fastest window, as the kept entry counts its own.
     double single_rate = 0.0;
     for (size_t i = 0; i < measured; ++i) {
       const TunerStep& step = history[i];

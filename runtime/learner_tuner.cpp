@@ -112,7 +112,10 @@ void LearnerTuner::refused() {
   auto same = [](const TunerStep& a, const TunerStep& b) {
     return a.learners == b.learners && a.threads_per_learner == b.threads_per_learner;
   };
-  if (phase_ == Phase::Explore && current_.leap) {  // a leap is only a try: settle at the best, which the caller returns to
+  // A new configuration (growth or a leap) could not be built: keep the best so far, which the
+  // caller returns to. The group may not be there: after a confirmed gain it ran the old best's
+  // second window (A B B A), and the winner B is the best.
+  if (phase_ == Phase::Explore && !settled_) {
     leaping_ = false;
     return settle();
   }
@@ -150,6 +153,11 @@ void LearnerTuner::settle() {
   phase_ = Phase::Explore;
   current_ = {best_.learners, best_.threads_per_learner, 0.0};
   TunerStep kept = best_;
+  // Reported with the fastest window this configuration ran (comparisons may have used its latest
+  // ones only), as single-stream's rate is read from its windows: a kept single-stream is 1.00x it.
+  for (const TunerStep& window : history_)
+    if (!window.bounded && window.learners == kept.learners && window.threads_per_learner == kept.threads_per_learner)
+      kept.samples_per_second = std::max(kept.samples_per_second, window.samples_per_second);
   kept.again = false;
   kept.cut_short = false;
   kept.bounded = false;

@@ -39,7 +39,7 @@
 namespace quiver {
 
 // One configuration the tuner measured (one window), or, as the last entry of a settled
-// history, the configuration it kept with the samples/s of its fastest window.
+// history, the configuration it kept with the samples/s of its fastest window (of all it ran).
 struct TunerStep {
   int learners = 0, threads_per_learner = 0;
   double samples_per_second = 0.0;
@@ -86,12 +86,12 @@ class LearnerTuner {
   // has settled), and this returns true. Otherwise (or while a close call is being measured, or
   // for the first configuration) nothing changes, it returns false, and the caller measures.
   bool bounded(double samples_per_second);
-  // The configuration current() asked for could not be built (it would not fit in memory): the
-  // group stays in the configuration of the last window, and the tuner settles there, with the
-  // fastest of that configuration's windows in the comparison under way. (A refused growth keeps the
-  // best so far; a refused way back keeps the configuration being compared with it.) A refused
-  // leap settles at the best so far instead, so current() may then differ from the group's
-  // configuration: the caller returns to it, and if that is refused too, calls refused() again.
+  // The configuration current() asked for could not be built (it would not fit in memory). A
+  // refused new configuration (growth, or a leap) settles at the best so far, so current() may
+  // then differ from the group's configuration (after a confirmed gain the group ran the old
+  // best's second window): the caller returns to it, and if that is refused too, calls refused()
+  // again. A refused way back during a close call (or to the kept configuration) settles where the
+  // group is, with the fastest of that configuration's windows in the comparison under way.
   void refused();
   bool settled() const { return settled_; }
   // Every window, in order, then (once settled) the kept configuration.

@@ -3,6 +3,7 @@
 // measured twice in A B B A order, a refused configuration, and the leap over a plateau.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -264,6 +265,39 @@ TEST(LearnerTuner, StopsAtTheMostLearnersAndWhenRefused) {
   ASSERT_TRUE(refused.settled());
   EXPECT_EQ(refused.current().learners, 2);
   EXPECT_EQ(refused.history().back().learners, 2);
+}
+
+// With the defaults every gain is confirmed A B B A, so when B wins the group is running A (its
+// second window) while the tuner asks for B + 1. A refused B + 1 keeps B, the best, which the caller
+// returns to (it kept A, which had lost, before); refused again, the group stays at A.
+TEST(LearnerTuner, ARefusedGrowthAfterAConfirmedGainKeepsTheWinner) {
+  LearnerTuner tuner(by_default(4));
+  EXPECT_EQ(run(tuner, {100, 200, 200, 100}), (std::vector<int>{1, 2, 2, 1}));
+  ASSERT_EQ(tuner.current().learners, 3);  // asked for; it would not fit in memory
+  tuner.refused();
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 2);
+  EXPECT_EQ(tuner.current().threads_per_learner, 2);
+  EXPECT_DOUBLE_EQ(tuner.history().back().samples_per_second, 200);
+  tuner.refused();  // the way back to 2 x 2 is refused too: where the group is
+  ASSERT_TRUE(tuner.settled());
+  EXPECT_EQ(tuner.current().learners, 1);
+}
+
+// The kept configuration is reported with the fastest window it ran, as single-stream's rate is
+// read from its windows (quiver-train prints the ratio of the two): a kept single-stream is 1.00x
+// itself, though the close call compared its latest windows only (it reported 128 of its 130).
+TEST(LearnerTuner, TheKeptEntryCarriesItsFastestWindow) {
+  LearnerTuner tuner(by_default(4));
+  run(tuner, {130, 135, 133, 100, 140, 138, 128});
+  ASSERT_TRUE(tuner.settled());
+  const TunerStep& kept = tuner.history().back();
+  double single = 0.0;
+  for (const TunerStep& step : tuner.history())
+    if (&step != &kept && step.learners == 1) single = std::max(single, step.samples_per_second);
+  EXPECT_EQ(kept.learners, 1);
+  EXPECT_DOUBLE_EQ(kept.samples_per_second, 130);
+  EXPECT_DOUBLE_EQ(kept.samples_per_second / single, 1.0);
 }
 
 // Refused: the group stays in the configuration of the last window, and so does the tuner.
