@@ -118,8 +118,11 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     // Once settled, the last entry repeats the choice; every other entry is a measurement, or a
     // configuration not run because one_thread_bound() said it could not gain (bounded).
     const size_t measured = group.tuned() ? history.size() - 1 : history.size();
-    // Single-stream's samples/s: its fastest window, as the kept entry counts its own.
+    // Single-stream's samples/s: its fastest window, as the kept entry counts its own. On several
+    // GPUs the tuner starts from one learner a GPU, which is the baseline then.
     double single_rate = 0.0;
+    const bool one_start = history.empty() || history.front().learners == 1;
+    const std::string baseline = one_start ? "single-stream" : cat("the start (", history.front().learners, " learners)");
     for (size_t i = 0; i < measured; ++i) {
       const TunerStep& step = history[i];
       if (step.bounded) {
@@ -134,18 +137,19 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       if (single) single_rate = std::max(single_rate, step.samples_per_second);
       std::printf("  %s: %.0f samples/s%s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
-                  !single  ? ""
-                  : on_cpu ? "  (single-stream: one learner, all cores)"
-                           : "  (single-stream: one learner, one CUDA stream)",
+                  !single     ? ""
+                  : on_cpu    ? "  (single-stream: one learner, all cores)"
+                  : one_start ? "  (single-stream: one learner, one CUDA stream)"
+                              : "  (the start: one learner, one CUDA stream, on each GPU)",
                   step.leap && !step.again ? "  (a leap over a plateau)" : "",
                   step.again ? "  (measured again: a gain or a close call)" : "",
                   step.cut_short ? "  (window cut short: clearly slower)" : "");
     }
     if (group.tuned()) {
       const TunerStep& chosen = history.back();
-      std::printf("chose %s: %.0f samples/s, %.2fx single-stream\n",
+      std::printf("chose %s: %.0f samples/s, %.2fx %s\n",
                   configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
-                  chosen.samples_per_second / single_rate);
+                  chosen.samples_per_second / single_rate, baseline.c_str());
     } else {
       std::printf("not settled: training ended while %s were being measured (%s gives it the rounds)\n",
                   configuration(group.learners(), group.threads_per_learner()).c_str(),
