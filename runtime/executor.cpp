@@ -76,6 +76,10 @@ struct Executor::State {
 Executor::Executor(Plan& plan, ExecutorOptions options)
     : plan_(plan), options_(options), model_(std::max(1, options.policy == Policy::Auto ? options.threads : 1)),
       state_(std::make_unique<State>()) {
+  // A device plan queues its kernels in order on its stream: there are no threads to grant.
+  if (!plan_.device().is_cpu())
+    throw Error(cat("executor: the plan runs on ", plan_.device().str(),
+                    "; the executor schedules CPU plans (run a device plan with Plan::run)"));
   int lane_count = 1;
   switch (options_.policy) {
     case Policy::Serial: capacity_ = 1; break;

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/op.h"
 #include "models/models.h"
+#include "runtime/executor.h"
 #include "runtime/learners.h"
 #include "runtime/sma.h"
 #include "runtime/trainer.h"
@@ -231,6 +232,19 @@ TEST(CudaGraphs, ReplayMatchesEagerRunsAndSurvivesAWorkspaceMove) {
     steps(6, "after evaluation");
     EXPECT_TRUE(graphs.train_plan().replaying_graph()) << model.name << ": captured again";
     expect_close(graphs.params().flat_params(), eager.params().flat_params(), 1e-6, model.name.c_str());
+  }
+}
+
+// A device plan queues its kernels on its stream; the CPU executor, which grants threads, refuses
+// it by name instead of failing at its first step.
+TEST(CudaGraphs, TheCpuExecutorRefusesADevicePlan) {
+  REQUIRE_CUDA_DEVICES(1);
+  Trainer trainer(models::mlp(), recipe(Device::cuda(0)));
+  try {
+    Executor executor(trainer.train_plan(), ExecutorOptions{});
+    ADD_FAILURE() << "a CUDA plan was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("the executor schedules CPU plans"), std::string::npos) << error.what();
   }
 }
 
