@@ -228,7 +228,8 @@ int run(int argc, char** argv) {
     auto show_evaluation = [live, every = o.eval_every](const Evaluation& e) {
       if (every > 0) {
         char line[160];
-        std::snprintf(line, sizeof(line), "batch %lld (epoch %lld): test accuracy %.2f%% after %.1f s of training",
+        std::snprintf(line, sizeof(line),
+                      "batch %lld of this run (epoch %lld): test accuracy %.2f%% after %.1f s of training",
                       static_cast<long long>(e.batches), static_cast<long long>(e.epoch), 100.0 * e.test_accuracy,
                       e.seconds);
         std::printf("%s%-90s\n", live ? "\r" : "", line);

@@ -165,10 +165,12 @@ void check_writable(const std::string& path, const std::string& what) {
   // /dev/null): only a regular file is replaced.
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error))
     throw Error(cat(what, ": '", path, "' is not a regular file"));
-  // A file its owner made read-only (to keep it) is not replaced behind their back, as a rename
-  // in a writable directory would; a plain write would have been refused too.
-  if (std::filesystem::exists(target, error) && ::access(target.c_str(), W_OK) != 0 && errno == EACCES)
-    throw Error(cat(what, ": cannot replace '", path, "': it is read-only (", std::strerror(errno), ")"));
+  // A file made read-only (to keep it) is not replaced behind its owner's back, as a rename in a
+  // writable directory would: one this user may not write, and one nobody may (no write bit at
+  // all, which root's access() would not see).
+  if (struct stat file{}; ::stat(target.c_str(), &file) == 0 &&
+      ((file.st_mode & 0222) == 0 || (::access(target.c_str(), W_OK) != 0 && errno == EACCES)))
+    throw Error(cat(what, ": cannot replace '", path, "': it is read-only"));
   // In a sticky directory (/tmp) only the file's owner, the directory's or root may replace it:
   // the rename at the end of a run would be refused, even for a file anyone may write to.
   struct stat directory_status{}, target_status{};

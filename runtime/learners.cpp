@@ -650,6 +650,12 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     const bool epoch_complete = batches_in_epoch + learners() > per_epoch;
     if (epoch_complete)
       for (int64_t left = per_epoch - batches_in_epoch; left > 0; --left) batcher.next();
+    if (epoch_complete && epoch_rounds == 0) {
+      // A cut epoch resumed with fewer batches left than a round takes: done, with nothing to
+      // report (no loss, no samples/s), evaluate or save; it still counts as one of `epochs`.
+      ++epochs_done_, epoch_samples_done_ = 0;
+      continue;
+    }
     settle();  // the epoch's samples/s count finished steps only
     epoch_report.steps = epoch_rounds;
     epoch_report.seconds = clock.training_seconds() - epoch_start;

@@ -85,9 +85,11 @@ struct EpochReport {
 // One evaluation of the test set during fit(): after each epoch and, with
 // TrainOptions::eval_every, every that many batches.
 struct Evaluation {
-  int64_t epoch = 0;
-  int64_t batches = 0;     // training batches so far (every learner's: samples = batches x batch)
-  double seconds = 0.0;    // training time so far; evaluations are not counted
+  int64_t epoch = 0;       // counted from the start of training (a resumed run's go on)
+  // Training batches of this fit() so far (every learner's: samples = batches x batch); the
+  // eval_every grid counts them too, from this fit()'s first batch.
+  int64_t batches = 0;
+  double seconds = 0.0;    // training time of this fit() so far; evaluations are not counted
   double test_accuracy = 0.0;
 };
 

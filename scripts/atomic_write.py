@@ -16,8 +16,8 @@ def target_of(path):
         raise OSError(f"{path} is a directory")
     if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
         raise OSError(f"{path} is not a regular file")
-    if os.path.lexists(target) and not os.access(target, os.W_OK):
-        raise OSError(f"{path} is read-only")
+    if os.path.lexists(target) and (not os.access(target, os.W_OK) or os.stat(target).st_mode & 0o222 == 0):
+        raise OSError(f"{path} is read-only")  # no write bit at all: kept, also by root
     folder = os.path.dirname(target)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise OSError(f"cannot write in {folder}")

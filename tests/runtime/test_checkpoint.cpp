@@ -165,6 +165,34 @@ TEST(Checkpoint, ACutEpochGoesOnWhereItStopped) {
   std::filesystem::remove(path);
 }
 
+// A cut epoch with fewer batches left than a round of the resumed group takes (9 of 10 done, two
+// learners) has nothing to train: it is done, reported as no epoch at all (it read "loss 0.0000,
+// 0 samples/s" and was evaluated), and still counts as the first of the fit()'s epochs.
+TEST(Checkpoint, ACutEpochWithTooFewBatchesLeftIsDoneWithoutAReport) {
+  const Dataset train = small_dataset(80, 4);  // 10 batches of 8 an epoch
+  const std::string path = checkpoint_path("nearly");
+  LearnerGroup cut(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  cut.fit(train, nullptr, 1, 9);
+  ASSERT_EQ(cut.epoch_samples_done(), 9 * 8);
+  cut.save(path);
+  LearnerGroup two(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  two.load(path);
+  int callbacks = 0;
+  two.on_epoch([&](const EpochReport& e) {
+    ++callbacks;
+    EXPECT_EQ(e.epoch, 2);
+    return true;
+  });
+  const TrainReport report = two.fit(train, &train, 2);
+  ASSERT_EQ(report.epochs.size(), 1u);
+  EXPECT_EQ(report.epochs[0].epoch, 2);
+  EXPECT_EQ(report.epochs[0].steps, 5);
+  EXPECT_GT(report.epochs[0].mean_loss, 0.0);
+  EXPECT_EQ(callbacks, 1);
+  EXPECT_EQ(two.epochs_done(), 2);
+  std::filesystem::remove(path);
+}
+
 // A load is a fresh start from the file's z, whatever the group did before: a group that trained
 // and one that did not step identically after loading the same checkpoint, for SMA (the
 // replicas' momentum and z's last move restart) and synchronous SGD (its momentum restarts).
