@@ -91,8 +91,6 @@ const Node& Graph::node(NodeId id) const {
   return nodes_[static_cast<size_t>(id)];
 }
 
-Node& Graph::node(NodeId id) { return const_cast<Node&>(std::as_const(*this).node(id)); }
-
 Value Graph::handle(ValueId id) const {
   value(id);  // exists
   return Value(id, serial_);
@@ -110,6 +108,7 @@ ValueId Graph::id_of(Value handle, const std::string& what) const {
 ValueId Graph::add_value(ValueInfo info) {
   info.id = static_cast<ValueId>(values_.size());
   values_.push_back(std::move(info));
+  readers_.emplace_back();
   return values_.back().id;
 }
 
@@ -131,13 +130,16 @@ NodeId Graph::add_node(Node node) {
     if (info.role != ValueRole::Activation || info.producer >= 0)
       throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is ",
                       info.producer >= 0 ? cat("already the output of node ", info.producer) : std::string("not an activation")));
-    if (!consumers(output).empty())
+    if (!readers_[static_cast<size_t>(output)].empty())
       throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is read by an earlier node (a cycle)"));
     if (std::find(node.outputs.begin(), node.outputs.begin() + static_cast<std::ptrdiff_t>(i), output) !=
         node.outputs.begin() + static_cast<std::ptrdiff_t>(i))
       throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is given twice"));
   }
   for (ValueId output : node.outputs) values_.at(output).producer = node.id;
+  for (ValueId input : node.inputs)  // a value read twice by one node counts it once
+    if (std::vector<NodeId>& readers = readers_[static_cast<size_t>(input)]; readers.empty() || readers.back() != node.id)
+      readers.push_back(node.id);
   nodes_.push_back(std::move(node));
   return nodes_.back().id;
 }
@@ -147,15 +149,9 @@ int Graph::add_param(ParamInfo info) {
   return static_cast<int>(params_.size()) - 1;
 }
 
-std::vector<NodeId> Graph::consumers(ValueId value) const {
-  std::vector<NodeId> readers;
-  for (const Node& node : nodes_)
-    for (ValueId input : node.inputs)
-      if (input == value) {
-        readers.push_back(node.id);
-        break;
-      }
-  return readers;
+const std::vector<NodeId>& Graph::consumers(ValueId value) const {
+  this->value(value);  // exists
+  return readers_[static_cast<size_t>(value)];
 }
 
 bool Graph::has_name(const std::string& name) const {

@@ -107,8 +107,7 @@ class Graph {
   // Lookups by id; an id that does not exist throws quiver::Error.
   const ValueInfo& value(ValueId id) const;
   ValueInfo& value(ValueId id);
-  const Node& node(NodeId id) const;
-  Node& node(NodeId id);
+  const Node& node(NodeId id) const;  // read-only: a node's edges are fixed once it is added
   const std::vector<ValueInfo>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -119,7 +118,7 @@ class Graph {
   int add_param(ParamInfo info);
 
   // Nodes reading `value`, in id order.
-  std::vector<NodeId> consumers(ValueId value) const;
+  const std::vector<NodeId>& consumers(ValueId value) const;
   // The value named `name` (inputs and parameters are looked up this way); throws if absent.
   ValueId find(const std::string& name) const;
   bool has_name(const std::string& name) const;
@@ -135,6 +134,7 @@ class Graph {
   std::vector<ValueInfo> values_;
   std::vector<Node> nodes_;
   std::vector<ParamInfo> params_;
+  std::vector<std::vector<NodeId>> readers_;  // readers_[v]: the nodes reading value v, in id order
 };
 
 }  // namespace quiver

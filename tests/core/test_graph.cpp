@@ -308,6 +308,27 @@ TEST(Graph, ANodesOutputsAreNewActivations) {
   EXPECT_EQ(g.add_node(node_writing(g.add_value(ValueInfo{}), x.id)), static_cast<NodeId>(nodes));  // a new one is fine
 }
 
+// The readers of a value are indexed as nodes are added (not found by scanning every node, which
+// made building a graph quadratic): each reader once, in id order, also in a copy of the graph.
+TEST(Graph, ReadersOfAValueAreEachNodeReadingItOnceInIdOrder) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 2});
+  Value y = b.relu(x, "first");
+  Value sum = b.add(x, x, "x_twice");
+  Value z = b.add(y, x, "y_and_x");
+  const Graph& g = b.graph();
+  const std::vector<NodeId> readers_of_x = g.consumers(x.id);
+  EXPECT_EQ(readers_of_x, (std::vector<NodeId>{g.value(y.id).producer, g.value(sum.id).producer,
+                                               g.value(z.id).producer}));
+  EXPECT_EQ(g.consumers(y.id), std::vector<NodeId>{g.value(z.id).producer});
+  EXPECT_TRUE(g.consumers(z.id).empty());
+  const Graph copy = g;
+  Value later = b.relu(x, "later");
+  EXPECT_EQ(copy.consumers(x.id), readers_of_x);
+  EXPECT_EQ(g.consumers(x.id).back(), g.value(later.id).producer);
+  EXPECT_NE(error_of([&] { (void)g.consumers(12345); }).find("no value 12345"), std::string::npos);
+}
+
 // Errors that are not about shapes (a missing or mistyped attribute) still name the op, the node
 // and the input shapes; so does a parameter index that does not exist.
 TEST(Builder, AttributeErrorsNameTheOpAndTheNode) {
