@@ -90,6 +90,20 @@ void DeviceSma::reset_replicas(std::span<const Tensor> params) {
   }
 }
 
+void DeviceSma::continue_from(const DeviceSma& before) {
+  if (before.shards_.size() != shards_.size() || before.average().numel() != average().numel())
+    throw Error(cat("SMA: cannot continue from an average of ", before.average().numel(), " parameters on ",
+                    before.shards_.size(), " device(s); this one has ", average().numel(), " on ", shards_.size()));
+  before.drain();
+  drain();
+  for (size_t d = 0; d < shards_.size(); ++d) {
+    if (before.shards_[d].device != shards_[d].device)
+      throw Error(cat("SMA: cannot continue from an average on ", before.shards_[d].device.str(), " on ",
+                      shards_[d].device.str()));
+    shards_[d].previous_move.copy_from(before.shards_[d].previous_move);
+  }
+}
+
 void DeviceSma::order_before(const ExecContext& reader) const {
   backend_for(shards_.front().device).order(*shards_.front().stream, reader);
 }

@@ -30,6 +30,9 @@ class DeviceSma {
              std::span<const Tensor> snapshots);
   // Every replica and every copy of z becomes z; the moves are cleared (after a drain).
   void reset_replicas(std::span<const Tensor> params);
+  // After the group is rebuilt: z goes on moving with `before`'s last move (both drained, over
+  // the same devices and parameters).
+  void continue_from(const DeviceSma& before);
   // Work queued on `reader` (a stream of the first device) from now on sees the latest z.
   void order_before(const ExecContext& reader) const;
   // Blocks until every sync stream is idle.

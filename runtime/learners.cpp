@@ -194,6 +194,12 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     sma = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma, options_.staleness > 0);
   else
     device_sma = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
+  // z keeps its momentum through a change of configuration, as the replicas keep theirs above. A
+  // lone learner ran no SMA (z was its model), so its group has no move of z to pass on.
+  if (carry_state && !learners_.empty() && !alone()) {
+    if (sma && sma_) sma->continue_from(*sma_);
+    if (device_sma && device_sma_) device_sma->continue_from(*device_sma_);
+  }
   device_sma_ = std::move(device_sma);  // the old sync streams drained already (drain() above)
   sma_ = std::move(sma);
   // Each learner's thread runs its ops with up to threads_per_learner - 1 of TBB's workers.

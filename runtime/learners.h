@@ -129,7 +129,8 @@ class LearnerGroup {
   int threads_per_learner() const { return threads_per_learner_; }
   // Rebuilds the group as k learners of `threads` threads each, every replica starting from z with
   // the optimizer state (momentum) of an old replica (new learner j takes that of old learner j mod
-  // the old count), so a change of configuration does not restart the momentum.
+  // the old count), and z goes on with its own momentum (SMA's last move), so a change of
+  // configuration restarts neither.
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on

@@ -178,4 +178,13 @@ void SmaSync::reset_replicas(std::span<const Tensor> params) {
   if (absorbed_.defined()) absorbed_.fill(0.0f);
 }
 
+void SmaSync::continue_from(const SmaSync& before) {
+  if (before.previous_move_.numel() != previous_move_.numel() || before.average_.device() != average_.device())
+    throw Error(cat("SMA: cannot continue from an average of ", before.previous_move_.numel(), " parameters on ",
+                    before.average_.device().str(), "; this one has ", previous_move_.numel(), " on ",
+                    average_.device().str()));
+  previous_move_.copy_from(before.previous_move_);
+  if (absorbed_.defined() && before.absorbed_.defined()) absorbed_.copy_from(before.absorbed_);
+}
+
 }  // namespace quiver

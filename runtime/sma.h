@@ -65,6 +65,10 @@ class SmaSync {
   void absorb(int learner, const Tensor& w, const Tensor& other, bool from_velocity, const ExecContext& ctx);
   // Every replica becomes z (after a learning-rate drop); the average's momentum is cleared.
   void reset_replicas(std::span<const Tensor> params);
+  // After the group is rebuilt (another learner count): z goes on moving as `before`'s did, with
+  // its last move (and, absorbing, what it took since learner 0's last turn), not from rest.
+  // `before` must be idle and over the same parameters.
+  void continue_from(const SmaSync& before);
 
   const Tensor& average() const { return average_; }
   double alpha() const { return alpha_; }

@@ -707,6 +707,29 @@ TEST(Learners, AResizeCarriesTheStepCountWithTheOptimizerState) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
 }
 
+// z keeps its momentum through a resize too. Every replica restarts from z, so the first round
+// after it corrects nothing (s_j = z): z's move that round is mu_z times its last, where a z
+// that had restarted from rest would not move at all.
+TEST(Learners, AResizeCarriesTheAverageModelsMomentum) {
+  Batches data(2 * 8, 5);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  for (int round = 0; round < 2; ++round) group.round(data.images.data(), data.labels.data());
+  const Tensor& z = group.average();
+  const std::vector<float> before(z.f32(), z.f32() + z.numel());
+  group.round(data.images.data(), data.labels.data());
+  const std::vector<float> after(z.f32(), z.f32() + z.numel());
+  group.resize(2, 1);
+  group.round(data.images.data(), data.labels.data());
+  const float mu_z = static_cast<float>(SmaOptions{}.mu_z);
+  double largest_move = 0.0;
+  for (int64_t i = 0; i < z.numel(); ++i) {
+    const float last_move = after[i] - before[i];
+    largest_move = std::max(largest_move, std::abs(static_cast<double>(last_move)));
+    ASSERT_NEAR(z.f32()[i] - after[i], mu_z * last_move, 1e-6 + 1e-3 * std::abs(last_move)) << "parameter " << i;
+  }
+  EXPECT_GT(largest_move, 1e-4);  // z was moving before the resize
+}
+
 TEST(Learners, SynchronousSgdNeedsSgd) {
   TrainOptions adam = recipe();
   adam.optimizer = "adam";
