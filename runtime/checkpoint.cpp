@@ -61,6 +61,7 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
                            {"flat_size", layout.flat_size()},
                            {"params", layout_json(layout)}};
   if (info.seed_known) header["seed"] = info.seed;
+  if (info.data_samples > 0) header["data_samples"] = info.data_samples;
   std::string text = kMagic;
   const std::string header_text = header.dump();
   const uint64_t header_bytes = header_text.size();
@@ -130,6 +131,7 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
       info.seed = header.at("seed").get<uint64_t>();
       info.seed_known = true;
     }
+    if (header.contains("data_samples")) info.data_samples = header_count(header, "data_samples");
   } catch (const std::exception& error) {  // a malformed header, or a field of the wrong type
     throw Error(cat("checkpoint '", path, "': unreadable header: ", error.what()));
   }

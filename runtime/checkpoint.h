@@ -22,6 +22,9 @@ struct CheckpointInfo {
   // written before it was recorded have none (seed_known false).
   uint64_t seed = 0;
   bool seed_known = false;
+  // The size of the training set whose order that cut epoch followed (0: not recorded): a data
+  // set of another size has another order, in which the epoch starts again.
+  int64_t data_samples = 0;
 };
 
 // Writes `flat` (laid out as `layout`'s parameters) to `path` atomically.

@@ -477,6 +477,12 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   BatcherOptions batcher_options;
   batcher_options.batch_size = batch_;
   batcher_options.seed = train_.seed;
+  // A cut epoch's order is drawn for its training set's size: with another set it starts again.
+  if (epoch_samples_done_ > 0 && epoch_data_samples_ > 0 && epoch_data_samples_ != train.count) {
+    warn(cat(epoch_samples_done_, " samples of epoch ", epochs_done_ + 1, " were trained in the order of a training set of ",
+             epoch_data_samples_, " samples; this one has ", train.count, ": that epoch starts again"));
+    epoch_samples_done_ = 0;
+  }
   batcher_options.first_epoch = epochs_done_;  // a resumed run (or a second fit()) continues the data order
   // ... from the batch a cut epoch stopped at (a whole batch of this run's size; with another batch
   // size up to batch - 1 samples are trained again, none skipped).
@@ -577,7 +583,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       batches_in_epoch += k;
       batches_done += k;
       loss_sum += round(images, labels);
-      epoch_samples_done_ = batches_in_epoch * batch_;
+      epoch_samples_done_ = batches_in_epoch * batch_, epoch_data_samples_ = train.count;
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuner && !tuned_) {
@@ -720,6 +726,7 @@ void LearnerGroup::save(const std::string& path) const {
   info.epoch_samples = epoch_samples_done_;
   info.seed = train_.seed;
   info.seed_known = true;
+  info.data_samples = epoch_samples_done_ > 0 ? epoch_data_samples_ : 0;
   save_checkpoint(path, average_->params(), z, info);
 }
 
@@ -746,6 +753,7 @@ void LearnerGroup::load(const std::string& path) {
   epochs_done_ = info.epochs_done;
   // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
   epoch_samples_done_ = info.epoch_samples;
+  epoch_data_samples_ = info.data_samples;
   if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
     warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,
              info.seed_known ? cat(" of seed ", info.seed, "; this run's seed is ", train_.seed)

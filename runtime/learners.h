@@ -251,6 +251,7 @@ class LearnerGroup {
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;
   int64_t epoch_samples_done_ = 0;
+  int64_t epoch_data_samples_ = 0;  // the training set's size the cut epoch's order was drawn for (0: unknown)
 };
 
 }  // namespace quiver

@@ -162,6 +162,20 @@ TEST(Checkpoint, ACutEpochGoesOnWhereItStopped) {
       << warnings[0];
   EXPECT_EQ(reseeded.epoch_samples_done(), 0);
   EXPECT_EQ(reseeded.fit(train, nullptr, 1).epochs[0].steps, 10);
+  // A training set of another size has another order: the cut epoch starts again there too.
+  warnings.clear();
+  set_warning_sink([&](const std::string& w) { warnings.push_back(w); });
+  LearnerGroup other_data(models::mlp(), stateless, one);
+  other_data.load(path);
+  EXPECT_EQ(other_data.epoch_samples_done(), 7 * 8);
+  const TrainReport larger = other_data.fit(small_dataset(96, 4), nullptr, 1);
+  set_warning_sink(previous);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("56 samples of epoch 1 were trained in the order of a training set of 80 samples; this "
+                             "one has 96: that epoch starts again"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_EQ(larger.epochs[0].steps, 12);
   std::filesystem::remove(path);
 }
 
