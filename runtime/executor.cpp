@@ -95,6 +95,11 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
   if (lane_count < 1 || capacity_ < 1 || (options_.policy == Policy::Fixed && options_.intra < 1))
     throw Error(cat("executor: policy ", name_of(options_.policy), " needs at least one thread, got threads=",
                     options_.threads, " inter=", options_.inter, " intra=", options_.intra));
+  // Each running op's lane thread takes one of its granted threads and TBB's workers the rest:
+  // under fixed every lane may run an op of intra threads at once; otherwise one op may hold them
+  // all. Above the cores (a --threads or inter x intra the user asked for) they take turns, but
+  // they exist: without the allowance an op would run on fewer threads than it was granted.
+  allowance_ = std::make_unique<ThreadAllowance>(options_.policy == Policy::Fixed ? capacity_ - lane_count + 1 : capacity_);
   if (options_.profile_samples < 1 || options_.profile_warmup < 0)
     throw Error(cat("executor: profile_samples must be >= 1 and profile_warmup >= 0, got ", options_.profile_samples,
                     " and ", options_.profile_warmup));

@@ -43,6 +43,8 @@ enum class Policy { Serial, Intra, Fixed, Auto };
 Policy parse_policy(const std::string& name);  // "serial" | "intra" | "fixed" | "auto"; throws otherwise
 const char* name_of(Policy policy);
 
+class ThreadAllowance;
+
 struct ExecutorOptions {
   Policy policy = Policy::Serial;
   int threads = 1;  // intra and auto: the threads the executor may use
@@ -236,6 +238,9 @@ class Executor {
   bool adopted_ = false;           // started from another executor's tuning (adopt())...
   bool adopted_schedule_ = false;  // ...and its chosen schedule
   bool started_ = false;  // run() has been called
+  // TBB's limit raised for the workers the grants may use at once (capacity_ less the lane
+  // threads running ops), where that is more than the cores: see ThreadAllowance.
+  std::unique_ptr<ThreadAllowance> allowance_;
   std::unique_ptr<State> state_;
 };
 

@@ -563,6 +563,28 @@ TEST(Executor, LanesThatCannotStartAreAnErrorNotAHang) {
 #endif
 }
 
+// inter x intra above the cores (quiver-train warns that they take turns): while the executor lives
+// TBB may run every lane's workers at once, so two ops side by side each get their intra threads
+// (ThreadBudget.BudgetsSideBySideUseAllTheirThreadsUnderAnAllowance shows what that buys); once
+// it is gone the limit is back where it was.
+TEST(Executor, AFixedPolicyAboveTheCoresMayRunAllItsThreads) {
+  const int k = std::max(2, available_cores());
+  const int limit_before = thread_limit();
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4, 4});
+  Value y = b.add(b.relu(x, "left"), b.relu(x, "right"));
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {y});
+  {
+    Executor executor(plan, executor_options(Policy::Fixed, 2 * k, 2, k));
+    EXPECT_GE(thread_limit(), 2 * (k - 1) + 1);
+    plan.input("x").fill(1.0f);
+    executor.run();
+    EXPECT_EQ(plan.tensor(y).f32()[0], 2.0f);
+  }
+  EXPECT_EQ(thread_limit(), limit_before);
+}
+
 TEST(Executor, RejectsBadPolicies) {
   EXPECT_THROW(parse_policy("auto-magic"), Error);
   TrainOptions options;
