@@ -6,6 +6,7 @@
 // kernels apply it a row at a time through ops/lstm_cell.cpp, the one file built with -ffast-math.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -17,10 +18,26 @@ struct LstmCell {
   float i, f, g, o, c, h;
 };
 
+// NaN, told by its bits: in the cell loops, built with -ffast-math (finite math only), GCC folds
+// `x != x` and std::isnan to false.
+QUIVER_HD inline bool is_nan_bits(float x) {
+#ifdef __CUDA_ARCH__
+  const uint32_t bits = __float_as_uint(x);
+#else
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+#endif
+  return (bits & 0x7fffffffu) > 0x7f800000u;
+}
+
 // A gate's sigmoid. The clamp keeps exp() finite: in the cell loop, built with -ffast-math, GCC
 // divides through a reciprocal estimate whose Newton step turns 1 / (1 + inf) into NaN, not 0
-// (a pre-activation below -88.7). exp(80) is 5.5e34: the gate is then 1.8e-35, not 0. NaN passes.
-QUIVER_HD inline float lstm_gate(float pre) { return 1.0f / (1.0f + std::exp(-(pre < -80.0f ? -80.0f : pre))); }
+// (a pre-activation below -88.7). exp(80) is 5.5e34: the gate is then 1.8e-35, not 0. A NaN
+// passes, so a diverged layer shows in its output: in the vectorized loop the clamp is a max,
+// which would make a NaN pre-activation a gate of 1.8e-35 (the check costs ~1% of the loop).
+QUIVER_HD inline float lstm_gate(float pre) {
+  const float gate = 1.0f / (1.0f + std::exp(-(pre < -80.0f ? -80.0f : pre)));
+  return is_nan_bits(pre) ? pre : gate;
+}
 
 // Pre-activations of the four gates and the previous cell state -> the new cell.
 QUIVER_HD inline LstmCell lstm_cell_forward(float pre_i, float pre_f, float pre_g, float pre_o,
