@@ -138,16 +138,18 @@ void check_forward(const OpCase& op_case) {
 
 void check_gradient(const OpCase& op_case) {
   // The default kernels, then the second-choice ones where an op has them (conv2d's im2col_gemm).
-  check_gradient_with(op_case, "");
-  check_gradient_with(op_case, "im2col_gemm");
+  for (const int threads : {1, 3}) {
+    check_gradient_with(op_case, "", threads);
+    check_gradient_with(op_case, "im2col_gemm", threads);
+  }
 }
 
-void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel) {
+void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads) {
   CaseGraph graph(op_case, true);
   const Graph& g = graph.builder.graph();
   std::vector<Value> fetches{graph.output};
   for (const ParamInfo& param : g.params()) fetches.push_back(Value{param.grad});
-  Plan plan(g, *graph.store, fetches, plan_options(1, prefer_kernel));
+  Plan plan(g, *graph.store, fetches, plan_options(threads, prefer_kernel));
   graph.load(plan);
   plan.run();
 
@@ -174,7 +176,8 @@ void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel
       param.f32()[k] = original;
       double numeric = (plus - minus) / (2.0 * op_case.epsilon);
           ASSERT_NEAR(analytic[k], numeric, op_case.gradient_tolerance * std::max(1.0, std::abs(numeric)))
-          << op_case.name << " [" << (prefer_kernel.empty() ? "default" : prefer_kernel) << " kernels]: d loss / d " << g.params()[index].name << "[" << k << "]";
+          << op_case.name << " [" << (prefer_kernel.empty() ? "default" : prefer_kernel) << " kernels, " << threads
+          << " thread(s)]: d loss / d " << g.params()[index].name << "[" << k << "]";
     }
   }
 }

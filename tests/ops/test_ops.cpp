@@ -442,11 +442,13 @@ TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
 
 // A GEMM with B transposed, few rows and more than 1024 columns runs as blocks of 1024 columns
 // (ops/gemm.cpp: oneDNN's sgemm is 2x slower there in one call), with a tail block; at 2 threads
-// each of the two column slices is blocked again.
+// the wider product is cut into two column slices (enough work for two: K = 64), and each is
+// blocked again.
 TEST(Gemm, WideTransposedBIsComputedInBlocks) {
-  for (int64_t n : {int64_t{1025}, int64_t{2085}}) {
-    SCOPED_TRACE(cat("N = ", n));
-    check_forward(matmul_case(false, true, 3, n, 9));
+  EXPECT_TRUE(gemm_cuts_columns(GemmShape{3, 2085, 64}, 2));  // 400k multiply-adds: two slices' worth
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1025, 9}, {2085, 64}}) {
+    SCOPED_TRACE(cat("N = ", n, ", K = ", k));
+    check_forward(matmul_case(false, true, 3, n, k));
   }
 }
 
