@@ -651,7 +651,7 @@ std::vector<double> Executor::schedule_errors() const {
   for (size_t p = 0; p < measured_.size(); ++p)
     for (int threads = 1; threads < static_cast<int>(measured_[p].size()); ++threads) {
       if (measured_[p][threads].empty()) continue;
-      const double measured = median_of(measured_[p][threads]);
+      const double measured = std::max(median_of(measured_[p][threads]), 1e-9);  // a coarse clock's 0
       errors.push_back(std::abs(model_.predict(keys_[p], threads) - measured) / measured);
     }
   return errors;

@@ -145,14 +145,19 @@ PerfModel::PerfModel(int max_threads) : max_threads_(max_threads) {
 
 void PerfModel::add_sample(const std::string& key, int threads, double seconds) {
   Entry& entry = entries_[key];
-  entry.samples[threads].push_back(seconds);
+  // A clock coarser than the op reads 0: kept as the shortest time a cache holds, so the fit and
+  // the error reports stay finite and save() writes nothing load() would refuse.
+  entry.samples[threads].push_back(std::max(seconds, kShortestCached));
+  entry.measured.insert(threads);
   entry.fitted = false;
 }
 
 void PerfModel::replace_samples(const std::string& key, int threads, std::vector<double> seconds) {
   if (seconds.empty()) throw Error(cat("perf model: no samples to replace those of '", key, "' at ", threads, " threads"));
   Entry& entry = entries_[key];
+  for (double& time : seconds) time = std::max(time, kShortestCached);
   entry.samples[threads] = std::move(seconds);
+  entry.measured.insert(threads);
   entry.fitted = false;
 }
 
@@ -414,18 +419,25 @@ void PerfModel::save(const std::string& path) const {
   std::error_code error;
   if (!parent.empty()) std::filesystem::create_directories(parent, error);
   // Two processes profiling into one cache (trainings side by side) would each write what it had
-  // loaded plus its own keys, dropping the other's. Under a lock on the cache's directory, keys the
-  // file gained since are merged in (this process's timings win where both have a key).
+  // loaded plus its own keys, dropping the other's, or putting back an op's old timings over those
+  // the other refreshed, or dropping the thread counts only a wider run measured. Under a lock on
+  // the cache's directory, the file as it is now is the base, and only the timings this process
+  // measured replace its own; what this process only loaded fills in what the file lacks.
   const DirectoryLock lock(parent.empty() ? std::filesystem::path(".") : parent);
-  std::map<std::string, Entry> merged = entries_;
+  std::map<std::string, Entry> merged;
   PerfModel on_disk(max_threads_);
-  if (on_disk.read(path, /*quiet=*/true))
-    for (auto& [key, entry] : on_disk.entries_) merged.emplace(key, std::move(entry));  // keeps ours
+  if (on_disk.read(path, /*quiet=*/true)) merged = std::move(on_disk.entries_);
+  for (const auto& [key, entry] : entries_) {
+    Entry& into = merged[key];
+    for (const auto& [p, times] : entry.samples)
+      if (entry.measured.count(p) > 0 || into.samples.count(p) == 0) into.samples[p] = times;
+  }
   nlohmann::json ops = nlohmann::json::object();
   for (const auto& [key, entry] : merged) {
     std::vector<int> threads;
     std::vector<double> seconds;
-    for (const auto& [p, times] : entry.samples) threads.push_back(p), seconds.push_back(median_of(times));
+    for (const auto& [p, times] : entry.samples)
+      threads.push_back(p), seconds.push_back(std::clamp(median_of(times), kShortestCached, kLongestCached));
     ops[key] = {{"threads", threads}, {"median_s", seconds}};
   }
   nlohmann::json cache = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"quiver", kQuiverVersion},

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,14 +69,18 @@ class PerfModel {
   // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
   // corrupt, from another CPU, or from another format or Quiver version (with a warning).
   bool load(const std::string& path);
-  // Writes every key's medians to `path` atomically (creating its directory). Throws
-  // quiver::Error, replacing nothing, when `path` exists and is not a profile cache.
+  // Writes every key's medians to `path` atomically (creating its directory), merged with what
+  // the file holds by then (another process may have saved since this one loaded it): the file's
+  // timings stand for every op and thread count this process only loaded, this process's for
+  // those it measured. Throws quiver::Error, replacing nothing, when `path` exists and is not a
+  // profile cache.
   void save(const std::string& path) const;
   size_t size() const { return entries_.size(); }
 
  private:
   struct Entry {
     std::map<int, std::vector<double>> samples;  // threads -> seconds
+    std::set<int> measured;  // thread counts this process timed (add/replace_samples), not loaded
     ThreadFit fit;
     bool fitted = false;
   };

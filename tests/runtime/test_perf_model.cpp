@@ -317,6 +317,41 @@ TEST(PerfModel, SavesMergeWhatAnotherProcessWroteMeanwhile) {
   std::filesystem::remove(path);
 }
 
+// What a process only loaded does not overwrite the file: another process that refreshed an op
+// since, or measured it at more thread counts, keeps its timings. And a time the clock read as 0
+// is kept as the shortest a cache holds, so the cache the save writes still loads.
+TEST(PerfModel, ASaveWritesOnlyWhatItMeasuredOverTheFile) {
+  const std::string path = temp_path("loaded_cache.json");
+  std::filesystem::remove(path);
+  {
+    PerfModel first(4);
+    for (int p = 1; p <= 2; ++p) first.add_sample("conv", p, 5e-3 / p), first.add_sample("gemm", p, 1e-3 / p);
+    first.save(path);
+  }
+  PerfModel narrow(2), wide(4), cnn(2);
+  ASSERT_TRUE(narrow.load(path));
+  ASSERT_TRUE(wide.load(path));
+  ASSERT_TRUE(cnn.load(path));
+  cnn.replace_samples("conv", 1, {1e-3});  // refreshed: the host was busy when the cache was made
+  cnn.save(path);
+  for (int p = 3; p <= 4; ++p) wide.add_sample("gemm", p, 2e-3 / p);  // a wider run profiles 3 and 4
+  wide.save(path);
+  narrow.replace_samples("gemm", 1, {3e-3});  // a narrower run then refreshes its count 1 ...
+  narrow.add_sample("matmul", 1, 0.0);  // ... and times an op shorter than its clock's tick
+  narrow.save(path);
+  PerfModel after(4);
+  ASSERT_TRUE(after.load(path));
+  EXPECT_DOUBLE_EQ(after.measured("conv", 1), 1e-3) << "the refresh another process saved";
+  EXPECT_DOUBLE_EQ(after.measured("conv", 2), 2.5e-3);
+  EXPECT_DOUBLE_EQ(after.measured("gemm", 1), 3e-3) << "the latest save's own timing";
+  EXPECT_DOUBLE_EQ(after.measured("gemm", 2), 5e-4);
+  for (int p = 3; p <= 4; ++p) EXPECT_DOUBLE_EQ(after.measured("gemm", p), 2e-3 / p) << p << " threads";
+  EXPECT_GT(after.measured("matmul", 1), 0.0);
+  after.fit();
+  EXPECT_TRUE(std::isfinite(after.predict("matmul", 1)));
+  std::filesystem::remove(path);
+}
+
 // An MLP at batch 8 whose plan the executors under test run (the trainer runs no executor of its
 // own), and auto's options for it: 2 threads, 2 samples per op and thread count.
 std::unique_ptr<Trainer> small_mlp() {
