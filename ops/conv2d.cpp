@@ -212,6 +212,62 @@ KernelFn prepare_reference(const KernelSpec& spec) {
   };
 }
 
+// The gradients as direct loops, what the other kernels are tested against: dx gathers, for each
+// input element, every output it fed (dx[n,c,ih,iw] = sum over o, kh, kw of dy[n,o,oh,ow] *
+// w[o,c,kh,kw] where ih = oh*stride - padding + kh, likewise iw); dw sums over the batch and the
+// output plane. Sums in double, each output element written once.
+KernelFn prepare_reference_grad_input(const KernelSpec& spec) {
+  // inputs: dy (B, O, OH, OW), w (O, C, KH, KW); output dx (B, C, H, W)
+  ConvGeometry g = geometry_of(spec, spec.output(0).shape, spec.input(1).shape);
+  return [g](const KernelCall& call) {
+    float* dx = call.outputs[0].f32();
+    const float* dy = call.inputs[0].f32();
+    const float* w = call.inputs[1].f32();
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t c = 0; c < g.channels; ++c)
+        for (int64_t ih = 0; ih < g.height; ++ih)
+          for (int64_t iw = 0; iw < g.width; ++iw) {
+            double sum = 0.0;
+            for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+              for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+                const int64_t row = ih + g.padding - kh, column = iw + g.padding - kw;  // oh * stride, ow * stride
+                if (row < 0 || column < 0 || row % g.stride != 0 || column % g.stride != 0) continue;
+                const int64_t oh = row / g.stride, ow = column / g.stride;
+                if (oh >= g.out_h || ow >= g.out_w) continue;
+                for (int64_t o = 0; o < g.out_channels; ++o)
+                  sum += static_cast<double>(dy[((n * g.out_channels + o) * g.out_h + oh) * g.out_w + ow]) *
+                         w[((o * g.channels + c) * g.kernel_h + kh) * g.kernel_w + kw];
+              }
+            dx[((n * g.channels + c) * g.height + ih) * g.width + iw] = static_cast<float>(sum);
+          }
+  };
+}
+
+KernelFn prepare_reference_grad_weight(const KernelSpec& spec) {
+  // inputs: dy (B, O, OH, OW), x (B, C, H, W); output dw (O, C, KH, KW)
+  ConvGeometry g = geometry_of(spec, spec.input(1).shape, spec.output(0).shape);
+  return [g](const KernelCall& call) {
+    float* dw = call.outputs[0].f32();
+    const float* dy = call.inputs[0].f32();
+    const float* x = call.inputs[1].f32();
+    for (int64_t o = 0; o < g.out_channels; ++o)
+      for (int64_t c = 0; c < g.channels; ++c)
+        for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+          for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+            double sum = 0.0;
+            for (int64_t n = 0; n < g.batch; ++n)
+              for (int64_t oh = 0; oh < g.out_h; ++oh)
+                for (int64_t ow = 0; ow < g.out_w; ++ow) {
+                  const int64_t ih = oh * g.stride - g.padding + kh, iw = ow * g.stride - g.padding + kw;
+                  if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+                  sum += static_cast<double>(dy[((n * g.out_channels + o) * g.out_h + oh) * g.out_w + ow]) *
+                         x[((n * g.channels + c) * g.height + ih) * g.width + iw];
+                }
+            dw[((o * g.channels + c) * g.kernel_h + kh) * g.kernel_w + kw] = static_cast<float>(sum);
+          }
+  };
+}
+
 const bool registered = [] {
   OpDef def;
   def.kind = "conv2d";
@@ -239,6 +295,7 @@ const bool registered = [] {
   grad_input.infer = infer_grad;
   grad_input.kernels.push_back(onednn_conv2d_grad_input_kernel());
   grad_input.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_input});
+  grad_input.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_grad_input});
   register_op(std::move(grad_input));
 
   OpDef grad_weight;
@@ -246,6 +303,7 @@ const bool registered = [] {
   grad_weight.infer = infer_grad;
   grad_weight.kernels.push_back(onednn_conv2d_grad_weight_kernel());
   grad_weight.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_weight});
+  grad_weight.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_grad_weight});
   return register_op(std::move(grad_weight));
 }();
 

@@ -197,6 +197,95 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   };
 }
 
+// Plain loops, what the fused kernels are tested against: each step's pre-activations as direct
+// sums in double, the cell math of ops/lstm.h (built here without -ffast-math), and the backward
+// through time one row and step at a time, its weight sums in double. One thread.
+KernelFn prepare_reference_forward(const KernelSpec& spec) {
+  LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
+  return [g](const KernelCall& call) {
+    float* h = call.outputs[0].f32();          // (B, T, H)
+    float* cache = call.outputs[1].f32();      // (T, B, 5H): i, f, g, o, c
+    const float* x = call.inputs[0].f32();     // (B, T, I)
+    const float* wx = call.inputs[1].f32();    // (I, 4H)
+    const float* wh = call.inputs[2].f32();    // (H, 4H)
+    const float* bias = call.inputs[3].f32();  // (4H)
+    const int64_t H = g.hidden, G = g.gates();
+    std::vector<float> pre(static_cast<size_t>(G));
+    for (int64_t t = 0; t < g.steps; ++t)
+      for (int64_t b = 0; b < g.batch; ++b) {
+        for (int64_t k = 0; k < G; ++k) {
+          double sum = bias[k];
+          for (int64_t i = 0; i < g.input; ++i) sum += static_cast<double>(x[(b * g.steps + t) * g.input + i]) * wx[i * G + k];
+          if (t > 0)
+            for (int64_t j = 0; j < H; ++j) sum += static_cast<double>(h[(b * g.steps + t - 1) * H + j]) * wh[j * G + k];
+          pre[static_cast<size_t>(k)] = static_cast<float>(sum);
+        }
+        float* out = cache + (t * g.batch + b) * 5 * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float c_prev = t > 0 ? cache[((t - 1) * g.batch + b) * 5 * H + 4 * H + j] : 0.0f;
+          const math::LstmCell cell = math::lstm_cell_forward(pre[j], pre[H + j], pre[2 * H + j], pre[3 * H + j], c_prev);
+          out[j] = cell.i, out[H + j] = cell.f, out[2 * H + j] = cell.g, out[3 * H + j] = cell.o, out[4 * H + j] = cell.c;
+          h[(b * g.steps + t) * H + j] = cell.h;
+        }
+      }
+  };
+}
+
+KernelFn prepare_reference_backward(const KernelSpec& spec) {
+  // inputs: dh (B,T,H), x (B,T,I), wx (I,4H), wh (H,4H), h (B,T,H), cache (T,B,5H)
+  LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
+  const bool input_grad = spec.node.attrs.get_int("input_grad", 1) != 0;
+  return [g, input_grad](const KernelCall& call) {
+    float* dx = call.outputs[0].f32();     // (B, T, I)
+    float* dwx = call.outputs[1].f32();    // (I, 4H)
+    float* dwh = call.outputs[2].f32();    // (H, 4H)
+    float* dbias = call.outputs[3].f32();  // (4H)
+    const float* dh = call.inputs[0].f32();
+    const float* x = call.inputs[1].f32();
+    const float* wx = call.inputs[2].f32();
+    const float* wh = call.inputs[3].f32();
+    const float* h = call.inputs[4].f32();
+    const float* cache = call.inputs[5].f32();
+    const int64_t H = g.hidden, G = g.gates(), T = g.steps, I = g.input;
+    std::vector<double> sum_wx(static_cast<size_t>(I * G)), sum_wh(static_cast<size_t>(H * G)), sum_bias(static_cast<size_t>(G));
+    std::vector<float> d_pre(static_cast<size_t>(G));
+    for (int64_t b = 0; b < g.batch; ++b) {
+      std::vector<float> dh_carry(static_cast<size_t>(H), 0.0f), dc_carry(static_cast<size_t>(H), 0.0f);
+      for (int64_t t = T - 1; t >= 0; --t) {
+        const float* cell = cache + (t * g.batch + b) * 5 * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float c_prev = t > 0 ? cache[((t - 1) * g.batch + b) * 5 * H + 4 * H + j] : 0.0f;
+          const math::LstmCellGrad grad =
+              math::lstm_cell_backward(cell[j], cell[H + j], cell[2 * H + j], cell[3 * H + j], cell[4 * H + j], c_prev,
+                                       dh[(b * T + t) * H + j] + dh_carry[j], dc_carry[j]);
+          d_pre[j] = grad.d_pre_i, d_pre[H + j] = grad.d_pre_f, d_pre[2 * H + j] = grad.d_pre_g;
+          d_pre[3 * H + j] = grad.d_pre_o, dc_carry[j] = grad.dc_prev;
+        }
+        for (int64_t k = 0; k < G; ++k) {
+          sum_bias[k] += d_pre[k];
+          for (int64_t i = 0; i < I; ++i) sum_wx[i * G + k] += static_cast<double>(x[(b * T + t) * I + i]) * d_pre[k];
+          if (t > 0)
+            for (int64_t j = 0; j < H; ++j) sum_wh[j * G + k] += static_cast<double>(h[(b * T + t - 1) * H + j]) * d_pre[k];
+        }
+        for (int64_t i = 0; i < I; ++i) {
+          double sum = 0.0;
+          if (input_grad)
+            for (int64_t k = 0; k < G; ++k) sum += static_cast<double>(d_pre[k]) * wx[i * G + k];
+          dx[(b * T + t) * I + i] = static_cast<float>(sum);
+        }
+        for (int64_t j = 0; j < H; ++j) {
+          double sum = 0.0;
+          for (int64_t k = 0; k < G; ++k) sum += static_cast<double>(d_pre[k]) * wh[j * G + k];
+          dh_carry[j] = static_cast<float>(sum);
+        }
+      }
+    }
+    std::transform(sum_wx.begin(), sum_wx.end(), dwx, [](double v) { return static_cast<float>(v); });
+    std::transform(sum_wh.begin(), sum_wh.end(), dwh, [](double v) { return static_cast<float>(v); });
+    std::transform(sum_bias.begin(), sum_bias.end(), dbias, [](double v) { return static_cast<float>(v); });
+  };
+}
+
 const bool registered = [] {
   OpDef def;
   def.kind = "lstm";
@@ -213,12 +302,14 @@ const bool registered = [] {
       if (i > 0 || ctx.needs_grad(0)) ctx.set_input_grad(i, grads[i]);
   };
   def.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_forward});
+  def.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_forward});
   register_op(std::move(def));
 
   OpDef grad;
   grad.kind = "lstm_grad";
   grad.infer = infer_grad;
   grad.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_backward});
+  grad.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_backward});
   return register_op(std::move(grad));
 }();
 

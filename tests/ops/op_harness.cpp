@@ -142,6 +142,7 @@ void check_gradient(const OpCase& op_case) {
     check_gradient_with(op_case, "", threads);
     check_gradient_with(op_case, "im2col_gemm", threads);
   }
+  check_gradient_with(op_case, "reference");
 }
 
 void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads) {

@@ -55,7 +55,8 @@ inline void PrintTo(const OpCase& op_case, std::ostream* out) { *out << op_case.
 
 void check_forward(const OpCase& op_case);
 // Finite differences against the backward of the default kernels and the second-choice ones, each
-// on 1 thread and on 3 (uneven slices of the parallel backward paths: partial sums, row chunks).
+// on 1 thread and on 3 (uneven slices of the parallel backward paths: partial sums, row chunks),
+// and of the reference kernels.
 void check_gradient(const OpCase& op_case);
 void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads = 1);
 // The op kinds of the case's graph with its backward: what check_forward / check_gradient run.

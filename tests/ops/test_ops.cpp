@@ -233,6 +233,20 @@ std::vector<OpCase> all_cases() {
 
 // oneDNN calls (GEMM, convolution) run at an OpenMP width of one on the thread that makes them,
 // and put the thread's own width back afterwards: the calling thread may be an application's.
+// STYLE.md: every op's CPU kernels end with the plain reference kernel, the one the others are
+// tested against (check_forward and check_gradient run it by name; a name an op lacks would fall
+// back to its first kernel, unnoticed).
+TEST(Registry, EveryCpuOpEndsWithItsReferenceKernel) {
+  for (const std::string& kind : OpRegistry::global().kinds()) {
+    std::vector<std::string> cpu;
+    for (const KernelImpl& impl : OpRegistry::global().get(kind).kernels)
+      if (impl.device == DeviceKind::CPU) cpu.push_back(impl.name);
+    if (cpu.empty()) continue;
+    EXPECT_EQ(cpu.back(), "reference") << kind;
+    EXPECT_EQ(std::count(cpu.begin(), cpu.end(), "reference"), 1) << kind;
+  }
+}
+
 TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
   GraphBuilder b;
   Value x = b.input("x", Shape{2, 1, 8, 8});
