@@ -24,9 +24,10 @@ PoolGeometry pool_geometry(const Shape& x, const Attrs& attrs) {
 
 namespace {
 
-// The pooled shape of x under the node's kernel and stride; fails where they do not fit.
-Shape pooled(const InferContext& ctx, const Shape& x) {
-  if (x.rank() != 4) ctx.fail(cat("input ", x.str(), " must have rank 4"));
+// The pooled shape of x under the node's kernel and stride; fails where they do not fit. `what`
+// names x in messages: the input, or the gradient op's "shape" attribute.
+Shape pooled(const InferContext& ctx, const Shape& x, const char* what = "input") {
+  if (x.rank() != 4) ctx.fail(cat(what, " ", x.str(), " must have rank 4"));
   int64_t kernel = ctx.node.attrs.get_int("kernel"), stride = ctx.node.attrs.get_int("stride", kernel);
   if (ctx.node.attrs.get_int("padding", 0) != 0)  // the kernels pool unpadded windows only
     ctx.fail(cat("padding ", ctx.node.attrs.get_int("padding"), " is not supported (pooling windows are unpadded)"));
@@ -51,7 +52,7 @@ std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_dtype(ctx, 0, DType::F32);
   expect_dtype(ctx, 1, DType::I32);
   const Shape full(ctx.node.attrs.get_ints("shape"));
-  const Shape out = pooled(ctx, full);
+  const Shape out = pooled(ctx, full, "attribute shape");
   if (ctx.shape(0) != out || ctx.shape(1) != out)
     ctx.fail(cat("gradient ", ctx.shape(0).str(), " and argmax ", ctx.shape(1).str(), " must both be ", out.str(),
                  ", the pooled shape of ", full.str()));

@@ -37,7 +37,7 @@ std::vector<TensorType> infer_grad(const InferContext& ctx) {
 
 void check_label(const KernelCall& call, int32_t label, int64_t classes, int64_t row) {
   if (label < 0 || label >= classes)
-    throw Error(cat("softmax_cross_entropy '", call.node.name, "': label ", label, " at row ", row,
+    throw Error(cat(call.node.op, " '", call.node.name, "': label ", label, " at row ", row,
                     " is outside 0..", classes - 1));
 }
 
