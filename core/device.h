@@ -81,10 +81,16 @@ class DeviceBackend {
   virtual void sma_round(const ExecContext& stream, float* z, float* previous_move,
                          float* const* params, const float* const* snapshots, int learners,
                          float alpha, float mu_z, int64_t count) = 0;
+  // Communicators for all-reducing across `devices` (NCCL), in that order: owned by the caller
+  // (made once per group of learners, destroyed with it after its streams drain), so two groups on
+  // the same devices never share one.
+  virtual std::shared_ptr<void> make_communicators(const std::vector<int>& devices) = 0;
   // The same round with learners spread over devices, one shard per device (distinct devices):
-  // each device sums its learners' corrections, the sums are all-reduced across devices (NCCL),
-  // and every device applies the same move to its copy of z, so the copies stay equal.
-  virtual void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count) = 0;
+  // each device sums its learners' corrections, the sums are all-reduced across devices through
+  // `communicators` (from make_communicators() for the shards' devices in order; may be null for
+  // one shard), and every device applies the same move to its copy of z, so the copies stay equal.
+  virtual void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count,
+                                 const void* communicators) = 0;
 };
 
 // Called by a backend's library at load time.

@@ -315,8 +315,13 @@ class CudaBackend final : public DeviceBackend {
     QUIVER_CUDA_CHECK_LAUNCH();
   }
 
-  void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count) override {
-    cuda::sma_round_devices(shards, alpha, mu_z, count);
+  std::shared_ptr<void> make_communicators(const std::vector<int>& devices) override {
+    return cuda::make_communicators(devices);
+  }
+
+  void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count,
+                         const void* communicators) override {
+    cuda::sma_round_devices(shards, alpha, mu_z, count, communicators);
   }
 
  private:

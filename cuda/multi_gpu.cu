@@ -2,8 +2,7 @@
 
 #include <nccl.h>
 
-#include <map>
-#include <mutex>
+#include <memory>
 #include <vector>
 
 #include "core/device.h"
@@ -69,21 +68,37 @@ __global__ void move_kernel(float* z, float* previous_move, const float* move, f
     math::sma_move(z[i], previous_move[i], move[i], mu_z);
 }
 
-// Communicators per ordered list of devices, made on first use.
-std::vector<ncclComm_t>& communicators(const std::vector<int>& devices) {
-  static std::mutex mutex;
-  static std::map<std::vector<int>, std::vector<ncclComm_t>> cache;
-  std::lock_guard lock(mutex);
-  auto found = cache.find(devices);
-  if (found != cache.end()) return found->second;
-  std::vector<ncclComm_t> comms(devices.size());
-  QUIVER_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
-  return cache.emplace(devices, std::move(comms)).first->second;
-}
+// A set of communicators, one per device, in the order they were made for; destroyed with it
+// (after the owner's streams drained: DeviceSma's destructor).
+struct Communicators {
+  std::vector<int> devices;
+  std::vector<ncclComm_t> comms;
+  Communicators() = default;
+  Communicators(const Communicators&) = delete;
+  Communicators& operator=(const Communicators&) = delete;
+  ~Communicators() {
+    for (ncclComm_t comm : comms)
+      if (comm) ncclCommDestroy(comm);  // nothing to report to from a destructor
+  }
+};
 
 }  // namespace
 
-void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count) {
+std::shared_ptr<void> make_communicators(const std::vector<int>& devices) {
+  if (devices.size() < 2) throw Error(cat("NCCL communicators: need at least two devices, got ", devices.size()));
+  for (size_t d = 0; d < devices.size(); ++d)
+    for (size_t e = 0; e < d; ++e)
+      if (devices[d] == devices[e]) throw Error(cat("NCCL communicators: cuda:", devices[d], " is listed twice"));
+  auto set = std::make_shared<Communicators>();
+  set->devices = devices;
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  QUIVER_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
+  set->comms = std::move(comms);
+  return set;
+}
+
+void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z, int64_t count,
+                       const void* communicators) {
   std::vector<int> devices;
   std::vector<const StreamContext*> streams;
   for (const SmaShard& shard : shards) {
@@ -114,7 +129,11 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     moves.push_back(move);
   }
   if (shards.size() > 1) {
-    std::vector<ncclComm_t>& comms = communicators(devices);
+    const auto* set = static_cast<const Communicators*>(communicators);
+    if (!set || set->devices != devices)
+      throw Error("SMA across GPUs: no NCCL communicators for these devices (DeviceBackend::make_communicators, "
+                  "made for the shards' devices in order)");
+    const std::vector<ncclComm_t>& comms = set->comms;
     QUIVER_NCCL_CHECK(ncclGroupStart());
     // A failed call inside the group must still close it, or every later NCCL call on this
     // thread would be deferred forever.

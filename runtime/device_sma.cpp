@@ -24,9 +24,20 @@ DeviceSma::DeviceSma(Tensor average, std::vector<Device> devices, int learners, 
     shard.previous_move = Tensor::zeros(average.shape(), DType::F32, device);
     shards_.push_back(std::move(shard));
   }
+  if (shards_.size() > 1) {
+    std::vector<int> indices;
+    for (const Shard& shard : shards_) indices.push_back(shard.device.index);
+    communicators_ = backend_for(shards_.front().device).make_communicators(indices);
+  }
 }
 
-DeviceSma::~DeviceSma() = default;
+DeviceSma::~DeviceSma() {
+  // The communicators go first (members in reverse order): nothing may still be queued on them.
+  try {
+    drain();
+  } catch (...) {  // a destructor has nowhere to report to; the round's own error was thrown before
+  }
+}
 
 size_t DeviceSma::shard_of(const Tensor& buffer) const {
   for (size_t d = 0; d < shards_.size(); ++d)
@@ -67,7 +78,7 @@ void DeviceSma::round(std::span<const ExecContext* const> streams, std::span<con
     for (size_t j = 0; j < params.size(); ++j) backend.order(*shards_[shard_of(params[j])].stream, *streams[j]);
   };
   try {
-    backend.sma_round_devices(used, alpha_, mu_z_, n);
+    backend.sma_round_devices(used, alpha_, mu_z_, n, communicators_.get());
   } catch (...) {
     try {
       order_learners();

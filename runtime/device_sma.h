@@ -48,6 +48,9 @@ class DeviceSma {
   };
   size_t shard_of(const Tensor& buffer) const;
   std::vector<Shard> shards_;
+  // NCCL's communicators for the shards' devices (more than one device): this group's own, destroyed
+  // before the shards' streams, after the destructor has drained them.
+  std::shared_ptr<void> communicators_;
   float alpha_, mu_z_;
 };
 

@@ -148,7 +148,8 @@ TEST(CudaSma, AllReduceAcrossTwoGpusMatchesOneRound) {
     }
   }
   cpu.round(w_cpu, s_cpu);
-  backend.sma_round_devices(shards, 0.25f, 0.9f, n);
+  const std::shared_ptr<void> communicators = backend.make_communicators({0, 1});
+  backend.sma_round_devices(shards, 0.25f, 0.9f, n, communicators.get());
   for (auto& stream : streams) backend.synchronize(*stream);
   expect_close(z[0], z_cpu, 1e-5, "z on cuda:0");
   expect_close(z[1], z_cpu, 1e-5, "z on cuda:1");
