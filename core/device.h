@@ -83,7 +83,8 @@ class DeviceBackend {
                          float alpha, float mu_z, int64_t count) = 0;
   // Communicators for all-reducing across `devices` (NCCL), in that order: owned by the caller
   // (made once per group of learners, destroyed with it after its streams drain), so two groups on
-  // the same devices never share one.
+  // the same devices never share a handle. (Their rounds' launches still take turns, process-wide:
+  // NCCL needs collectives of different communicators queued in one order on every device.)
   virtual std::shared_ptr<void> make_communicators(const std::vector<int>& devices) = 0;
   // The same round with learners spread over devices, one shard per device (distinct devices):
   // each device sums its learners' corrections, the sums are all-reduced across devices through

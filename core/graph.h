@@ -117,7 +117,8 @@ class Graph {
   NodeId add_node(Node node);  // inputs must already exist; sets producers of its outputs
   int add_param(ParamInfo info);
 
-  // Nodes reading `value`, in id order.
+  // Nodes reading `value`, in id order. Valid until the next add_value or add_node: copy it to add
+  // nodes while going through it.
   const std::vector<NodeId>& consumers(ValueId value) const;
   // The value named `name` (inputs and parameters are looked up this way); throws if absent.
   ValueId find(const std::string& name) const;

@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/device.h"
@@ -134,6 +135,11 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
       throw Error("SMA across GPUs: no NCCL communicators for these devices (DeviceBackend::make_communicators, "
                   "made for the shards' devices in order)");
     const std::vector<ncclComm_t>& comms = set->comms;
+    // Groups on the same GPUs from two threads: NCCL needs collectives of different communicators
+    // queued in the same order on every device, or their kernels may wait on each other for ever.
+    // One launch at a time keeps that order (the launch only queues; the device work overlaps).
+    static std::mutex launch_order;
+    const std::lock_guard launching(launch_order);
     QUIVER_NCCL_CHECK(ncclGroupStart());
     // A failed call inside the group must still close it, or every later NCCL call on this
     // thread would be deferred forever.

@@ -49,7 +49,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     group.load(command.resume);
     std::cout << "resumed from " << command.resume << " (" << group.rounds_done() << " rounds, "
               << group.epochs_done() << " epoch(s) done"
-              << (group.epoch_samples_done() > 0
+              << (group.epoch_samples_done() > 0 &&
+                          (group.epoch_data_samples() == 0 || group.epoch_data_samples() == train.count)
                       ? cat(", epoch ", group.epochs_done() + 1, " goes on after ", group.epoch_samples_done(), " samples")
                       : std::string())
               << ")\n";

@@ -67,6 +67,11 @@ int64_t l2_bytes_per_core() {
 
 }  // namespace
 
+int64_t gemm_slices(GemmShape s, int64_t threads) {
+  const int64_t work = s.m * s.n * std::max<int64_t>(1, s.k);
+  return std::min<int64_t>(threads, std::max<int64_t>(1, work / kMinWorkPerSlice));
+}
+
 bool gemm_cuts_columns(GemmShape s, int64_t slices) { return gemm_cuts_columns(s, slices, l2_bytes_per_core()); }
 
 bool gemm_cuts_columns(GemmShape s, int64_t slices, int64_t l2_bytes) {
@@ -84,8 +89,7 @@ bool gemm_cuts_columns(GemmShape s, int64_t slices, int64_t l2_bytes) {
 void gemm(float* c, const float* a, const float* b, GemmShape s, const ExecContext& ctx) {
   fill_leading_dims(s);
   if (s.m == 0 || s.n == 0) return;
-  int64_t work = s.m * s.n * std::max<int64_t>(1, s.k);
-  int64_t slices = std::min<int64_t>(ctx.threads(), std::max<int64_t>(1, work / kMinWorkPerSlice));
+  int64_t slices = gemm_slices(s, ctx.threads());
   if (slices <= 1) {
     sgemm_single_thread(c, a, b, s);
     return;

@@ -20,6 +20,8 @@ struct GemmShape {
 
 // c (M, N) <- alpha * op(a) * op(b) + beta * c
 void gemm(float* c, const float* a, const float* b, GemmShape shape, const ExecContext& ctx);
+// How many slices gemm() cuts C into on `threads` threads: one per 32k multiply-adds at most.
+int64_t gemm_slices(GemmShape shape, int64_t threads);
 // How gemm() cuts C among `slices` threads: by columns where N > M and either there are too few
 // rows for 8 per slice, or B is larger than `l2_bytes` (by default this machine's L2 cache per
 // core) and there are too few rows for 32 per slice; else by rows.

@@ -135,8 +135,9 @@ class LearnerGroup {
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
   // `test` after each epoch. Samples/s count every learner's samples. An epoch cut short before
-  // (max_rounds, a callback, a checkpoint saved then) goes on where it stopped, and counts as the
-  // first of the `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first).
+  // (max_rounds, a callback, a checkpoint saved then) goes on where it stopped (over a training set
+  // of the same size; otherwise it starts again, with a warning), and counts as the first of the
+  // `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first).
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included), off the training clock (the tuner's
@@ -192,6 +193,8 @@ class LearnerGroup {
   int64_t epochs_done() const { return epochs_done_; }
   // Samples of the next epoch trained already (a cut epoch; 0 after a complete one).
   int64_t epoch_samples_done() const { return epoch_samples_done_; }
+  // The size of the training set the cut epoch's order was drawn for (0: none cut, or not recorded).
+  int64_t epoch_data_samples() const { return epoch_data_samples_; }
   int staleness() const { return options_.staleness; }
   // Waits until every learner has run every round given to it (a no-op for synchronous rounds)
   // and rethrows a learner's error. Everything that reads z or the replicas calls it first.

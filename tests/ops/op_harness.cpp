@@ -137,7 +137,8 @@ void check_forward(const OpCase& op_case) {
 }
 
 void check_gradient(const OpCase& op_case) {
-  // The default kernels, then the second-choice ones where an op has them (conv2d's im2col_gemm).
+  // The default kernels and the second-choice ones where an op has them (conv2d's im2col_gemm),
+  // on 1 and on 3 threads; then the reference kernels.
   for (const int threads : {1, 3}) {
     check_gradient_with(op_case, "", threads);
     check_gradient_with(op_case, "im2col_gemm", threads);

@@ -231,8 +231,6 @@ std::vector<OpCase> all_cases() {
   return cases;
 }
 
-// oneDNN calls (GEMM, convolution) run at an OpenMP width of one on the thread that makes them,
-// and put the thread's own width back afterwards: the calling thread may be an application's.
 // STYLE.md: every op's CPU kernels end with the plain reference kernel, the one the others are
 // tested against (check_forward and check_gradient run it by name; a name an op lacks would fall
 // back to its first kernel, unnoticed).
@@ -247,6 +245,8 @@ TEST(Registry, EveryCpuOpEndsWithItsReferenceKernel) {
   }
 }
 
+// oneDNN calls (GEMM, convolution) run at an OpenMP width of one on the thread that makes them,
+// and put the thread's own width back afterwards: the calling thread may be an application's.
 TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
   GraphBuilder b;
   Value x = b.input("x", Shape{2, 1, 8, 8});
@@ -326,6 +326,38 @@ TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
       }
     }
   }
+}
+
+// The gradient ops' own errors name them: a shape attribute of the wrong rank as the attribute
+// (not as an input), and a label out of range as met by softmax_cross_entropy_grad's kernel.
+TEST(GradientOps, ErrorsNameTheGradientOpAndWhatIsWrong) {
+  GraphBuilder b;
+  Attrs pool;
+  pool.set("kernel", int64_t{2}).set("shape", std::vector<int64_t>{4, 4});
+  std::string message;
+  try {
+    b.apply1("max_pool2d_grad", {b.input("dy", Shape{2, 2}), b.input("argmax", Shape{2, 2}, DType::I32)}, pool, "pg");
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("max_pool2d_grad 'pg': attribute shape [4,4] must have rank 4"), std::string::npos) << message;
+  Value dloss = b.input("dloss", Shape{1});
+  Value probs = b.input("probs", Shape{2, 3});
+  Value labels = b.input("labels", Shape{2}, DType::I32);
+  Value dlogits = b.apply1("softmax_cross_entropy_grad", {dloss, probs, labels}, {}, "ce_grad");
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {dlogits});
+  plan.input("dloss").fill(1.0f);
+  plan.input("probs").fill(1.0f / 3.0f);
+  plan.input("labels").i32()[0] = 1, plan.input("labels").i32()[1] = 3;
+  message.clear();
+  try {
+    plan.run();
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("softmax_cross_entropy_grad 'ce_grad': label 3 at row 1 is outside 0..2"), std::string::npos)
+      << message;
 }
 
 // max_pool2d_grad scatters dy through argmax; the op is public (apply()), so an argmax outside
@@ -459,7 +491,9 @@ TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
 // the wider product is cut into two column slices (enough work for two: K = 64), and each is
 // blocked again.
 TEST(Gemm, WideTransposedBIsComputedInBlocks) {
-  EXPECT_TRUE(gemm_cuts_columns(GemmShape{3, 2085, 64}, 2));  // 400k multiply-adds: two slices' worth
+  EXPECT_EQ(gemm_slices(GemmShape{3, 2085, 9}, 2), 1);  // 56k multiply-adds: one slice's worth
+  EXPECT_EQ(gemm_slices(GemmShape{3, 2085, 64}, 2), 2);  // 400k: two slices ...
+  EXPECT_TRUE(gemm_cuts_columns(GemmShape{3, 2085, 64}, 2));  // ... of columns (3 rows)
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1025, 9}, {2085, 64}}) {
     SCOPED_TRACE(cat("N = ", n, ", K = ", k));
     check_forward(matmul_case(false, true, 3, n, k));

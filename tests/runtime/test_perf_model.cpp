@@ -292,9 +292,9 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   std::filesystem::remove(path);
 }
 
-// Two processes that profile into one cache each save what they loaded plus their own keys: the
-// second save merges what the first wrote since (its own timings win for keys both have), so
-// neither's profiles are lost.
+// Two processes that profile into one cache each save their own timings over what the file holds
+// by then: the second save keeps the keys the first wrote (its own measured timings win where both
+// timed an op at the same thread count), so neither's profiles are lost.
 TEST(PerfModel, SavesMergeWhatAnotherProcessWroteMeanwhile) {
   const std::string path = temp_path("shared_cache.json");
   std::filesystem::remove(path);
