@@ -70,10 +70,14 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     throw Error(cat("tune cut below must be in [0, 1), got ", options.tune_cut_below));
   // Default ceiling: on the CPU one learner per core of the tuner's budget (more would run learner
   // threads on shared cores, which DESIGN.md calls a bug); 8 streams per GPU (Crossbow's range) on CUDA.
+  const int tune_cores = options.tune_cores > 0 ? options.tune_cores : available_cores();
   if (options.max_learners == 0)
-    options_.max_learners = train_.device.is_cpu() ? (options.tune_cores > 0 ? options.tune_cores : available_cores())
-                                                   : 8 * std::max(1, options.devices);
+    options_.max_learners = train_.device.is_cpu() ? tune_cores : 8 * std::max(1, options.devices);
   if (options_.max_learners < 1) throw Error(cat("max learners must be >= 1, got ", options.max_learners));
+  // An explicit ceiling above the tuner's cores would have it try learners that share cores.
+  if (options.tune && train_.device.is_cpu() && options_.max_learners > tune_cores)
+    throw Error(cat("max learners ", options_.max_learners, " is more than the ", tune_cores,
+                    " cores the tuner splits: CPU learners need a core each (lower max learners, or raise tune cores)"));
   batch_ = train_.batch;
   features_ = model_.sample_shape.numel();
   if (options.sync == Sync::Ssgd && !train_.device.is_cpu())
@@ -91,8 +95,7 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   // z is evaluated while the learners wait: on the group's cores, not one learner's share.
-  const int group_threads = options.tune ? (options.tune_cores > 0 ? options.tune_cores : available_cores())
-                                         : options.learners * options.threads_per_learner;
+  const int group_threads = options.tune ? tune_cores : options.learners * options.threads_per_learner;
   average.threads = std::max(1, std::min(group_threads, available_cores()));
   average.trace_path.clear();  // the group traces every learner into one file (trace_)
   if (!train_.trace_path.empty()) trace_ = std::make_unique<Trace>();

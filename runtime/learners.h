@@ -103,7 +103,9 @@ struct LearnerOptions {
   // least this long. On a GPU the first rounds of fresh learners pay one-time costs (library
   // handles' first calls, pinned staging buffers) that otherwise land in the measured window.
   double tune_warmup_seconds = 0.2;
-  int max_learners = 0;          // 0: the tuner's cores (CPU: a learner at least a core each), 8 per GPU (CUDA)
+  // 0: the tuner's cores (CPU: a learner at least a core each), 8 per GPU (CUDA). On the CPU an
+  // explicit ceiling above the tuner's cores is an error when tuning (learners would share cores).
+  int max_learners = 0;
   int tune_cores = 0;            // CPU: the cores the tuner splits among learners (0: all available)
   int devices = 1;               // CUDA: spread the learners over this many GPUs, from TrainOptions::device on
   // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the

@@ -220,6 +220,27 @@ TEST(Learners, ErrorsAreClear) {
   LearnerOptions negative_warmup{1, 1, SmaOptions{}};
   negative_warmup.tune_warmup_seconds = -1.0;
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), negative_warmup), Error);
+  // On the CPU the tuner tries no more learners than the cores it splits: an explicit ceiling
+  // above them is refused; at the cores, or without tuning, it is not.
+  LearnerOptions crowded{1, 1, SmaOptions{}};
+  crowded.tune = true;
+  crowded.tune_cores = 2;
+  crowded.max_learners = 3;
+  try {
+    LearnerGroup group(models::mlp(), recipe(), crowded);
+    FAIL() << "a tuner ceiling above its cores";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("max learners 3 is more than the 2 cores the tuner splits"),
+              std::string::npos)
+        << error.what();
+  }
+  crowded.max_learners = 2;
+  EXPECT_NO_THROW(LearnerGroup(models::mlp(), recipe(), crowded));
+  crowded.tune_cores = 0;  // all the host's cores
+  crowded.max_learners = available_cores() + 1;
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), crowded), Error);
+  crowded.tune = false;
+  EXPECT_NO_THROW(LearnerGroup(models::mlp(), recipe(), crowded));
   // A learner's NaN loss reaches the caller, naming the step.
   Batches data(2 * 8);
   TrainOptions train = recipe();
@@ -348,12 +369,13 @@ LearnerOptions quick_tuning(int max_learners) {
 TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   Dataset train = small_dataset(8 * 64, 3);
   LearnerOptions options = quick_tuning(3);
+  options.tune_cores = 3;  // a learner a core at least: three learners need three (the host may have fewer)
   LearnerGroup group(models::mlp(), recipe(), options);
   TrainReport report = group.fit(train, nullptr, 3);
   const std::vector<TunerStep>& history = group.tuner_history();
   ASSERT_GE(history.size(), 2u);
   EXPECT_EQ(history.front().learners, 1);
-  EXPECT_EQ(history.front().threads_per_learner, available_cores());
+  EXPECT_EQ(history.front().threads_per_learner, 3);
   const TunerStep& chosen = history.back();
   bool measured = false;
   for (size_t i = 0; i + 1 < history.size(); ++i) {
@@ -423,6 +445,7 @@ TEST(Learners, TunerDoesNotRunOneThreadLearnersBoundedBelowTheBar) {
 TEST(Learners, TunerMeasuresACloseCallTwiceWhileTraining) {
   Dataset train = small_dataset(8 * 64, 3);
   LearnerOptions options = quick_tuning(2);
+  options.tune_cores = 2;
   options.tune_confirm_band = 1e9;
   LearnerGroup group(models::mlp(), recipe(), options);
   group.fit(train, nullptr, 4);
