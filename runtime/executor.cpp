@@ -42,6 +42,24 @@ constexpr size_t kMeasurementsKept = 32;
 constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
 constexpr size_t kTrialBlocks = 3;  // a trial: at most 3 blocks, until two agree
 
+// Rows of cells as text columns, each as wide as its widest cell and at least `widths` (a long
+// node name widens its column rather than pushing its row out of line); the first `left` columns
+// are aligned left, the others right.
+std::string aligned_table(const std::vector<std::vector<std::string>>& rows, std::vector<size_t> widths, size_t left) {
+  for (const std::vector<std::string>& row : rows)
+    for (size_t c = 0; c < row.size() && c < widths.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  std::string text;
+  for (const std::vector<std::string>& row : rows) {
+    for (size_t c = 0; c < row.size() && c < widths.size(); ++c) {
+      const std::string padding(widths[c] - row[c].size(), ' ');
+      if (c > 0) text += ' ';
+      text += c < left ? row[c] + padding : padding + row[c];
+    }
+    text += '\n';
+  }
+  return text;
+}
+
 }  // namespace
 
 struct Executor::State {
@@ -667,7 +685,6 @@ std::string Executor::explain() const {
                                : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
                                      " samples per op and thread count after ", options_.profile_warmup,
                                      " warm-up steps)\n");
-  char line[512];
   if (candidate_grants_.size() > 1) {
     std::string verdicts;
     for (int v : chosen_verdicts_) verdicts += cat(verdicts.empty() ? "" : ", ", candidate_names_[v]);
@@ -679,22 +696,24 @@ std::string Executor::explain() const {
     text += options_.retrial_seconds > 0.0 ? cat("; tried again every ", options_.retrial_seconds, " s)\n") : ")\n";
     if (!tuned_) text += "(a new trial is under way: the grants below are its current candidate's)\n";
   }
-  std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %5s %10s %10s %10s %11s\n", "op", "node", "kernel", "grant",
-                "T(1) ms", "pred ms", "meas ms", "bottom ms");
-  text += line;
+  std::vector<std::vector<std::string>> rows = {
+      {"op", "node", "kernel", "grant", "T(1) ms", "pred ms", "meas ms", "bottom ms"}};
+  const auto ms = [](double seconds) {
+    char cell[32];
+    std::snprintf(cell, sizeof(cell), "%.3f", 1e3 * seconds);
+    return std::string(cell);
+  };
   const std::vector<PlanStep>& steps = plan_.steps();
   for (size_t p = 0; p < steps.size(); ++p) {
     const Node& node = plan_.graph().node(steps[p].node);
     const int threads = last_threads_[p] > 0 ? last_threads_[p] : grants_[p];
     const double measured = median_of(measured_[p][threads]);
-    char measured_ms[32] = "-";
-    if (measured >= 0) std::snprintf(measured_ms, sizeof(measured_ms), "%.3f", 1e3 * measured);
-    std::snprintf(line, sizeof(line), "%-24s %-34s %-13s %2d/%-2d %10.3f %10.3f %10s %11.3f\n", node.op.c_str(),
-                  node.name.c_str(), steps[p].kernel_name.c_str(), grants_[p], threads,
-                  1e3 * model_.predict(keys_[p], 1), 1e3 * model_.predict(keys_[p], threads), measured_ms,
-                  1e3 * bottom_levels_[p]);
-    text += line;
+    char grant[32];
+    std::snprintf(grant, sizeof(grant), "%2d/%-2d", grants_[p], threads);
+    rows.push_back({node.op, node.name, steps[p].kernel_name, grant, ms(model_.predict(keys_[p], 1)),
+                    ms(model_.predict(keys_[p], threads)), measured >= 0 ? ms(measured) : "-", ms(bottom_levels_[p])});
   }
+  text += aligned_table(rows, {24, 34, 13, 5, 10, 10, 10, 11}, 3);
   text += "grant: granted/given in the last step (given differs when a grant was shrunk or widened)\n";
   const std::vector<double> schedule = schedule_errors();
   const std::vector<double> held_out = model_.held_out_errors();

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/builder.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "models/models.h"
@@ -395,6 +396,38 @@ TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
   Executor plain(trainer->train_plan(), serial);  // no candidates to try
   plain.run();
   EXPECT_LT(plain.trial_step_seconds("serial"), 0.0);
+}
+
+// explain()'s table keeps its columns in line whatever the names: a node named longer than the
+// column's usual width widens the column for every row, and no cell is cut.
+TEST(PerfModel, ExplainKeepsItsColumnsInLineForLongNodeNames) {
+  GraphBuilder b;
+  const std::string long_name(70, 'n');
+  Value x = b.input("x", Shape{8, 8});
+  Value out = b.add(b.relu(x, long_name), x, "sum");
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {out});
+  ExecutorOptions options = quick_auto();
+  options.trial_seconds = 0.0;
+  Executor executor(plan, options);
+  for (int step = 0; step < 1000 && executor.trials_done() == 0; ++step) executor.run();
+  ASSERT_EQ(executor.trials_done(), 1);
+  std::vector<std::string> lines;
+  std::istringstream report(executor.explain());
+  for (std::string line; std::getline(report, line);) lines.push_back(line);
+  const auto header = std::find_if(lines.begin(), lines.end(), [](const std::string& line) {
+    return line.rfind("op ", 0) == 0 && line.find(" node ") != std::string::npos;
+  });
+  ASSERT_NE(header, lines.end()) << executor.explain();
+  const size_t kernel_at = header->find("kernel");
+  ASSERT_GT(kernel_at, long_name.size()) << *header;
+  ASSERT_GE(static_cast<size_t>(lines.end() - header), plan.steps().size() + 1);
+  for (size_t p = 0; p < plan.steps().size(); ++p) {
+    const std::string& row = header[1 + p];
+    EXPECT_EQ(row.size(), header->size()) << row << "\n" << *header;
+    EXPECT_EQ(row.substr(kernel_at, plan.steps()[p].kernel_name.size()), plan.steps()[p].kernel_name) << row;
+    EXPECT_NE(row.find(plan.graph().node(plan.steps()[p].node).name), std::string::npos) << row;
+  }
 }
 
 // A candidate runs trial_stint steps in a row and the first of them is not timed (it inherits the
