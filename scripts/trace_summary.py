@@ -49,6 +49,11 @@ def complete(event):
             isinstance(event.get("args"), dict) and number(event["args"].get("step")))
 
 
+def shown(name):
+    """An op's name on one line: control characters (a newline in a node's name) as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 def main(argv):
     parser = argparse.ArgumentParser(prog="trace_summary.py", description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("trace", help="a trace written by quiver-train --trace")
@@ -101,8 +106,8 @@ def main(argv):
         who = f"learner {pid - 2}, " if pid >= 2 else ""
         print(f"{who}step {step}: {end - begin:g} us wall, {len(ops)} ops; busy {threads}")
         for overlap, a, b in sorted(pairs, key=lambda p: -p[0])[:8]:
-            print(f"  {overlap:6g} us side by side: {a['name']} ({a['args'].get('granted_threads', '?')} thr, thread {a['tid']})"
-                  f" | {b['name']} ({b['args'].get('granted_threads', '?')} thr, thread {b['tid']})")
+            print(f"  {overlap:6g} us side by side: {shown(a['name'])} ({a['args'].get('granted_threads', '?')} thr, "
+                  f"thread {a['tid']}) | {shown(b['name'])} ({b['args'].get('granted_threads', '?')} thr, thread {b['tid']})")
     return 0
 
 
