@@ -267,16 +267,19 @@ TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
 // copies of the batch-cut arguments of every slice count share one buffer per argument. Slice
 // counts taken in turn must each give the im2col kernels' results: 16 and 32 channels (blocked
 // layouts without padding), and a batch of 7 with 3, 5 and 20 channels (slices of uneven size,
-// channels padded in the blocked layouts). (oneDNN's blocked layouts here take a multiple of 64
-// bytes an image, so no slice count outgrows the buffer the whole batch reserved; the growth
-// path in SharedBuffer::reserve is exercised only where a layout is not.)
+// channels padded in the blocked layouts). Each slice count gets new inputs, so one that read
+// copies another count left in the shared buffers fails. Each slice's region is rounded up to 64
+// bytes: where oneDNN picks 8-channel blocks, a 5x5 image of 20 channels (24 with padding) takes
+// 2400 bytes, so 5 slices outgrow what fewer reserved and the counts after them use the grown
+// buffer (SharedBuffer::reserve); with 16-channel blocks an image is a multiple of 64 bytes.
 TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
   struct Geometry {
     Shape x, w;
   };
   for (const Geometry& geometry : {Geometry{Shape{6, 16, 9, 9}, Shape{32, 16, 3, 3}},
                                    Geometry{Shape{7, 3, 5, 5}, Shape{5, 3, 3, 3}},
-                                   Geometry{Shape{7, 20, 6, 6}, Shape{20, 20, 3, 3}}}) {
+                                   Geometry{Shape{7, 20, 6, 6}, Shape{20, 20, 3, 3}},
+                                   Geometry{Shape{7, 20, 5, 5}, Shape{20, 20, 3, 3}}}) {
     const Shape& xs = geometry.x;
     const Shape& ws = geometry.w;
     const Shape ys{xs[0], ws[0], xs[2], xs[3]};  // 3x3, padding 1, stride 1
@@ -298,15 +301,15 @@ TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
     EXPECT_GT(onednn.kernel_bytes(), 0) << "the prepared convolutions hold reordered copies: the plan must count them";
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> draw(-1.0f, 1.0f);
-    for (const char* name : {"x", "w", "dy"}) {
-      std::vector<float> values(static_cast<size_t>(onednn.input(name).numel()));
-      for (float& v : values) v = draw(rng);
-      onednn.upload(onednn.input(name), values.data());
-      reference.upload(reference.input(name), values.data());
-    }
-    reference.run();
-    for (int threads : {1, 3, 2, 1, 3, 5, 2}) {
+    for (int threads : {1, 3, 2, 1, 3, 5, 2, 1}) {
       SCOPED_TRACE(cat(threads, " slice(s)"));
+      for (const char* name : {"x", "w", "dy"}) {
+        std::vector<float> values(static_cast<size_t>(onednn.input(name).numel()));
+        for (float& v : values) v = draw(rng);
+        onednn.upload(onednn.input(name), values.data());
+        reference.upload(reference.input(name), values.data());
+      }
+      reference.run();
       const ThreadBudget budget(threads);
       // Outputs poisoned first: a slice count that left some of them unwritten shows as NaN, not
       // as the last count's values.
