@@ -743,16 +743,18 @@ void LearnerGroup::load(const std::string& path) {
   refresh_average();
   // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.
   const Tensor previous = z.to_cpu();  // on the host: device memory is what build() may run short of
+  const int64_t previous_rounds = rounds_done_;
   z.copy_from(scratch);
+  rounds_done_ = info.rounds;  // before build(): a traced replica numbers its steps from it
   try {
     build(learners(), threads_per_learner_);
   } catch (...) {
     z.copy_from(previous);
+    rounds_done_ = previous_rounds;
     throw;
   }
   average_stale_ = false;  // z is the checkpoint's now, not the replica's
   if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
-  rounds_done_ = info.rounds;
   epochs_done_ = info.epochs_done;
   // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
   epoch_samples_done_ = info.epoch_samples;

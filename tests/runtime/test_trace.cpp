@@ -133,6 +133,49 @@ TEST(Trace, LearnersHaveRowsOfTheirOwnBesideTheFeederAndTheSync) {
   }
 }
 
+// A group resumed from a checkpoint numbers its rounds on from the checkpoint's: round r's ops on
+// every learner, their shares of the SMA pass and the feeder's hand-over all carry step r. (The
+// replicas once counted from 1 while the group's own work counted on: each round read as two.)
+TEST(Trace, AResumedGroupNumbersItsRoundsOnFromTheCheckpoint) {
+  Dataset data;
+  data.count = 64, data.rows = 28, data.cols = 28;
+  for (int64_t i = 0; i < data.count * 784; ++i) data.images.push_back(static_cast<float>(i % 89) / 89.0f);
+  for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>(i % 10));
+  const std::filesystem::path checkpoint = temp_trace("resumed_checkpoint"), path = temp_trace("resumed");
+  TrainOptions train;
+  train.batch = 8;
+  train.eval_batch = 8;
+  train.policy = "serial";
+  const LearnerOptions options{2, 1, SmaOptions{}};
+  {
+    LearnerGroup group(models::mlp(), train, options);
+    group.fit(data, nullptr, 1);  // 8 batches: rounds 1-4
+    group.save(checkpoint.string());
+  }
+  train.trace_path = path.string();
+  {
+    LearnerGroup resumed(models::mlp(), train, options);
+    resumed.load(checkpoint.string());
+    resumed.fit(data, nullptr, 1);  // rounds 5-8
+    EXPECT_EQ(resumed.rounds_done(), 8);
+  }
+  std::ifstream in(path);
+  const nlohmann::json document = nlohmann::json::parse(in);
+  std::map<std::string, std::set<int64_t>> steps_of;  // "next batches", "learner j ops", "learner j sma round"
+  for (const auto& event : document.at("traceEvents")) {
+    if (event.at("ph") != "X") continue;
+    const int pid = event.at("pid");
+    const std::string name = event.at("name");
+    const std::string row = pid == 1 ? name : cat("learner ", pid - 2, name == "sma round" ? " sma round" : " ops");
+    steps_of[row].insert(event.at("args").at("step").get<int64_t>());
+  }
+  const std::set<int64_t> rounds{5, 6, 7, 8};
+  EXPECT_EQ(steps_of.size(), 5u);
+  for (const auto& [row, steps] : steps_of) EXPECT_EQ(steps, rounds) << row;
+  std::filesystem::remove(checkpoint);
+  std::filesystem::remove(path);
+}
+
 // A run that stops on an error (here a NaN loss) still writes its trace, up to the failing step:
 // that is the trace one wants most. The error that stopped it is the one reported.
 TEST(Trace, ARunStoppedByAnErrorStillWritesItsTrace) {
