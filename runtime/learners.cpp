@@ -166,13 +166,21 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
           device == train_.device ? std::max<int64_t>(0, average_->workspace_bytes() -
                                                             average_->train_plan().context().workspace_size())
                                   : 0;
-      const int64_t need = per_device * each + sma + average_workspace;
+      // On the host fit() also holds the rounds' batches a learner may still be running: the last
+      // staleness + 1 rounds' (a bound of 64 rounds at a large batch holds gigabytes).
+      const int64_t held_batches =
+          device.is_cpu() ? (options_.staleness + 1) * learners * batch_ * (features_ * int64_t{4} + 4) : 0;
+      const int64_t need = per_device * each + sma + average_workspace + held_batches;
       const int64_t have = device.is_cpu() ? cpu_available
                                            : backend_for(device).free_memory(device.index) + first.memory_bytes() -
                                                  first.workspace_bytes();
       if (have > 0 && need > have)
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        need >> 20, " MiB on ", device.str(), ", only ", have >> 20, " MiB are available there"));
+                        need >> 20, " MiB on ", device.str(),
+                        options_.staleness > 0 ? cat(" (", held_batches >> 20, " MiB of it the batches of the last ",
+                                                     options_.staleness + 1, " rounds, for the staleness bound)")
+                                               : std::string(),
+                        ", only ", have >> 20, " MiB are available there"));
     }
     drain();
     const Tensor& z = average_->params().flat_params();
