@@ -37,6 +37,19 @@ const char* name_of(Policy policy) {
 
 namespace {
 
+// The performance model's threads: the executor's under auto, one otherwise. A count beyond what
+// the model describes (and a TBB arena would be asked for) is refused first, naming the executor.
+int model_threads(const ExecutorOptions& options) {
+  if ((options.policy == Policy::Auto || options.policy == Policy::Intra) && options.threads > PerfModel::kMostThreads)
+    throw Error(cat("executor: policy ", name_of(options.policy), ": ", options.threads, " threads is more than ",
+                    PerfModel::kMostThreads));
+  return std::max(1, options.policy == Policy::Auto ? options.threads : 1);
+}
+
+}  // namespace
+
+namespace {
+
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMeasurementsKept = 32;
 constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
@@ -92,7 +105,7 @@ struct Executor::State {
 };
 
 Executor::Executor(Plan& plan, ExecutorOptions options)
-    : plan_(plan), options_(options), model_(std::max(1, options.policy == Policy::Auto ? options.threads : 1)),
+    : plan_(plan), options_(options), model_(model_threads(options)),
       state_(std::make_unique<State>()) {
   // A device plan queues its kernels in order on its stream: there are no threads to grant.
   if (!plan_.device().is_cpu())
@@ -104,9 +117,9 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
     case Policy::Intra: capacity_ = options_.threads; break;
     case Policy::Fixed:
       lane_count = options_.inter;
-      if (__builtin_mul_overflow(options_.inter, options_.intra, &capacity_) || capacity_ > 65536)
+      if (__builtin_mul_overflow(options_.inter, options_.intra, &capacity_) || capacity_ > PerfModel::kMostThreads)
         throw Error(cat("executor: policy fixed: inter ", options_.inter, " x intra ", options_.intra,
-                        " threads is more than 65536"));
+                        " threads is more than ", PerfModel::kMostThreads));
       break;
     case Policy::Auto: lane_count = options_.threads, capacity_ = options_.threads; break;
   }

@@ -41,8 +41,8 @@ constexpr int kCacheVersion = 1;
 constexpr const char* kQuiverVersion = "0.3 " QUIVER_BUILD_FLAVOR;
 constexpr std::uintmax_t kLargestCache = std::uintmax_t{64} << 20;  // a cache is a few KB of JSON
 constexpr double kShortest = 1e-7;  // predictions never fall below 0.1 us
-// What a cache may hold: thread counts up to this, and per-op times from 1 ns to 1000 s.
-constexpr int64_t kMostThreads = 65536;
+// What a cache may hold: per-op times from 1 ns to 1000 s (and thread counts up to
+// PerfModel::kMostThreads).
 constexpr double kShortestCached = 1e-9, kLongestCached = 1e3;
 
 // Weighted least squares of y = sum_j x_j * basis_j(p), weights 1/t (relative error).
@@ -138,7 +138,8 @@ ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points, in
 }
 
 PerfModel::PerfModel(int max_threads) : max_threads_(max_threads) {
-  if (max_threads < 1) throw Error(cat("performance model: max threads must be >= 1, got ", max_threads));
+  if (max_threads < 1 || max_threads > kMostThreads)
+    throw Error(cat("performance model: max threads must be in [1, ", kMostThreads, "], got ", max_threads));
   for (int p = 1; p <= max_threads; p = p < 8 ? p + 1 : p * 2) counts_.push_back(p);
   if (counts_.back() != max_threads) counts_.push_back(max_threads);
 }
@@ -330,7 +331,8 @@ bool PerfModel::read(const std::string& path, bool quiet) {
       throw std::runtime_error("not a Quiver profile cache");
     if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
       warn(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
-               cache.at("quiver").dump(), "; this is format ", kCacheVersion, ", Quiver ", kQuiverVersion,
+               cache.contains("quiver") ? cache["quiver"].dump() : "unnamed", "; this is format ", kCacheVersion,
+               ", Quiver ", kQuiverVersion,
                "); ops will be profiled again"));
       return false;
     }
@@ -348,7 +350,7 @@ bool PerfModel::read(const std::string& path, bool quiet) {
       for (size_t i = 0; i < threads.size(); ++i) {
         // Whole thread counts a machine can have, and times an op of a training step can take.
         const bool count_ok = threads[i].is_number_integer() && threads[i].get<int64_t>() >= 1 &&
-                              threads[i].get<int64_t>() <= kMostThreads;
+                              threads[i].get<int64_t>() <= PerfModel::kMostThreads;
         const bool time_ok = seconds[i].is_number() && seconds[i].get<double>() >= kShortestCached &&
                              seconds[i].get<double>() <= kLongestCached;
         if (!count_ok || !time_ok)
@@ -392,18 +394,23 @@ class DirectoryLock {
 // ours, an empty file, or text that does not parse but names our format (a cache cut short). save()
 // replaces only such a file (or none): not another JSON document (one with comments or a trailing
 // comma does not parse either), nor a file that is no JSON.
-bool holds_profile_cache(const std::string& path) {
-  const std::optional<std::string> text = cache_text(path);
+// Otherwise `why` says what it is: not a profile cache, or a file that cannot be read.
+bool holds_profile_cache(const std::string& path, std::string* why) {
+  const std::optional<std::string> text = cache_text(path, why);
   if (!text) return false;
   const std::string& contents = *text;
   const nlohmann::json cache = nlohmann::json::parse(contents, nullptr, false);  // no exceptions
+  bool ours = false;
   if (cache.is_discarded()) {  // empty, or a cache cut short; not some other text
     const size_t first = contents.find_first_not_of(" \t\r\n");
-    return first == std::string::npos ||
+    ours = first == std::string::npos ||
            (contents[first] == '{' && contents.find(cat("\"", kCacheFormat, "\"")) != std::string::npos);
+  } else {
+    ours = cache.is_object() && cache.contains("format") && cache["format"].is_string() &&
+           cache["format"].get<std::string>() == kCacheFormat;
   }
-  return cache.is_object() && cache.contains("format") && cache["format"].is_string() &&
-         cache["format"].get<std::string>() == kCacheFormat;
+  if (!ours) *why = "not a profile cache";
+  return ours;
 }
 
 }  // namespace
@@ -412,8 +419,9 @@ void PerfModel::save(const std::string& path) const {
   // A file given by mistake (a checkpoint, notes) was ignored by load() with a warning; it is not
   // replaced either.
   std::error_code exists_error;
-  if (std::filesystem::exists(path, exists_error) && !holds_profile_cache(path))
-    throw Error(cat("'", path, "' is not a profile cache, so it is left as it is (remove it, or choose another ",
+  std::string why;
+  if (std::filesystem::exists(path, exists_error) && !holds_profile_cache(path, &why))
+    throw Error(cat("profile cache '", path, "' is left as it is: ", why, " (remove it, or choose another ",
                     "file for the cache)"));
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   std::error_code error;

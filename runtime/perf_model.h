@@ -37,7 +37,10 @@ ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points, in
 
 class PerfModel {
  public:
-  explicit PerfModel(int max_threads);
+  // The most threads a model describes, and a cache holds timings for.
+  static constexpr int kMostThreads = 65536;
+
+  explicit PerfModel(int max_threads);  // 1..kMostThreads
   int max_threads() const { return max_threads_; }
   // Thread counts profiled: every count up to 8, then a doubling series up to max_threads.
   const std::vector<int>& profiled_counts() const { return counts_; }

@@ -593,6 +593,23 @@ TEST(Executor, RejectsBadPolicies) {
   options.policy = "fixed";
   options.inter = 0;
   EXPECT_THROW(Trainer(models::mlp(), options), Error);
+  // More threads than the performance model describes: refused, not profiled at counts that
+  // overflow an int (the model's doubling series once ran away past 2^30).
+  GraphBuilder b;
+  Value y = b.relu(b.input("x", Shape{4}));
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {y});
+  for (Policy policy : {Policy::Auto, Policy::Intra}) {
+    try {
+      Executor executor(plan, executor_options(policy, (1 << 30) + 1));
+      ADD_FAILURE() << name_of(policy) << " accepted 2^30 + 1 threads";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("1073741825 threads is more than 65536"), std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_THROW(PerfModel(PerfModel::kMostThreads + 1), Error);
+  EXPECT_EQ(PerfModel(PerfModel::kMostThreads).profiled_counts().back(), PerfModel::kMostThreads);
 }
 
 }  // namespace

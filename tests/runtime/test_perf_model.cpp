@@ -264,6 +264,9 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   bad = original;
   bad["quiver"] = "0.1";  // timings of older kernels
   expect_ignored(bad.dump(), "stale");
+  bad.erase("quiver");  // an older format that did not name Quiver's version: stale, not corrupt
+  bad["version"] = 0;
+  expect_ignored(bad.dump(), "stale");
   // Saving replaces a cache, stale or corrupt, or an empty file (mktemp's), but not a file that is
   // no cache at all: the path may be a checkpoint or notes given by mistake.
   std::ofstream(path, std::ios::trunc).close();
@@ -277,11 +280,23 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
       model.save(path);
       ADD_FAILURE() << "replaced a file that is no profile cache: " << other;
     } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("is not a profile cache"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("is left as it is: not a profile cache"), std::string::npos)
+          << error.what();
     }
     std::ifstream in(path);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), other);
   }
+  // A file too large to be read as a cache is left too, and the refusal says why (it once said
+  // "not a profile cache" of whatever load() could not read).
+  std::filesystem::resize_file(path, (std::uintmax_t{64} << 20) + 1);  // sparse: no 64 MiB written
+  try {
+    model.save(path);
+    ADD_FAILURE() << "replaced a file of more than 64 MiB";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("is left as it is: not a regular file of at most 64 MiB"),
+              std::string::npos) << error.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(path), (std::uintmax_t{64} << 20) + 1);
   // An endless file (reading it would never stop) and a directory: refused before reading.
   for (const std::string& odd : {std::string("/dev/zero"), std::filesystem::temp_directory_path().string()}) {
     CapturedWarnings warnings;
