@@ -76,6 +76,19 @@ inline int to_int(const std::string& flag, const std::string& text, int high = k
   throw Error(cat(flag, ": expected a whole number from ", low, " to ", high, ", got '", text, "'"));
 }
 
+// The whole numbers of a comma list given to `flag`, each in [low, high]. A number given twice is
+// refused by value, not by text (--learners 2,02 would merge two columns as 2,2 would).
+inline std::vector<int> int_list(const std::string& flag, const std::string& text, int high = kMaxCount, int low = 1) {
+  std::vector<int> values;
+  for (const std::string& item : split(flag, text)) {
+    const int value = to_int(flag, item, high, low);
+    if (std::find(values.begin(), values.end(), value) != values.end())
+      throw Error(cat(flag, ": ", value, " is given twice in '", text, "'"));
+    values.push_back(value);
+  }
+  return values;
+}
+
 // "on" -> true, "off" -> false given to `flag`, or quiver::Error naming it.
 inline bool on_off(const std::string& flag, const std::string& text) {
   if (text != "on" && text != "off") throw Error(cat(flag, ": expected on or off, got '", text, "'"));
@@ -162,7 +175,7 @@ inline bool parse_grid_flag(const std::string& flag, const std::string& value, G
     o.models = model_names(flag, value);
   } else if (flag == "--batches") {
     o.batches.clear();
-    for (const std::string& b : split(flag, value)) o.batches.push_back(to_int(flag, b, kMaxBatch));
+    for (int b : int_list(flag, value, kMaxBatch)) o.batches.push_back(b);
   } else if (flag == "--threads") {
     o.threads = to_int(flag, value, 4096);
   } else if (flag == "--warmup") {

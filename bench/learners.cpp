@@ -65,12 +65,12 @@ Options parse(int argc, char** argv) {
     }
     if (flag == "--staleness") {
       o.staleness.clear();
-      for (const std::string& s : bench::split(flag, value)) o.staleness.push_back(bench::to_int(flag, s, kMaxStaleness, 0));
+      for (int s : bench::int_list(flag, value, kMaxStaleness, 0)) o.staleness.push_back(s);
       continue;
     }
     if (flag != "--learners") throw bench::unknown_option(flag, kOptions);
     o.learners.clear();
-    for (const std::string& k : bench::split(flag, value)) o.learners.push_back(bench::to_int(flag, k, 256));
+    for (int k : bench::int_list(flag, value, 256)) o.learners.push_back(k);
   }
   bench::check_staleness_on(o.device, std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; }));
   return o;

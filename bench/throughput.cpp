@@ -29,7 +29,7 @@ namespace {
 using namespace quiver;
 using bench::BatchPool;
 using bench::median;
-using bench::split;
+using bench::int_list;
 using bench::to_int;
 
 struct BenchOptions {
@@ -65,11 +65,11 @@ BenchOptions parse(int argc, char** argv) {
       o.models = bench::model_names(flag, value);
     } else if (flag == "--batches") {
       o.batches.clear();
-      for (const std::string& b : split(flag, value)) o.batches.push_back(to_int(flag, b, bench::kMaxBatch));
+      for (int b : int_list(flag, value, bench::kMaxBatch)) o.batches.push_back(b);
     } else if (flag == "--threads") {
       threads_given = true;
       o.threads.clear();
-      for (const std::string& t : split(flag, value)) o.threads.push_back(to_int(flag, t, 4096));
+      for (int t : int_list(flag, value, 4096)) o.threads.push_back(t);
     } else if (flag == "--warmup") {
       o.warmup = to_int(flag, value);
     } else if (flag == "--steps") {

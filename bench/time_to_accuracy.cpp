@@ -211,6 +211,16 @@ int main(int argc, char** argv) {
   try {
     const std::string dir = default_fashion_mnist_dir();
     Dataset train = load_fashion_mnist(dir, Split::Train), test = load_fashion_mnist(dir, Split::Test);
+    // A round takes one batch per learner from one epoch: a fixed group too large for the training
+    // set is refused here, not after the models' single-stream and auto runs.
+    if (fixed_learners > 0 && fixed_learners * batch > train.count) {
+      std::fprintf(stderr,
+                   "quiver-bench-time-to-accuracy: --fixed: %d learners of --batch %lld need %lld samples a round; "
+                   "the training set has %lld (fewer learners or a smaller batch)\n",
+                   fixed_learners, static_cast<long long>(batch), static_cast<long long>(fixed_learners * batch),
+                   static_cast<long long>(train.count));
+      return 2;
+    }
     const int fixed_threads = std::max(1, available_cores() / std::max(1, fixed_learners));
     const std::string fixed_name = cat(bench::configuration_cell(fixed_learners, fixed_threads, device), " fixed");
     std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |";
