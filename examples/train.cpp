@@ -152,9 +152,12 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
                   configuration(chosen.learners, chosen.threads_per_learner).c_str(), chosen.samples_per_second,
                   chosen.samples_per_second / single_rate, baseline.c_str());
     } else {
+      // Which limit ended training: --max-steps' rounds, or the epochs (a --max-steps not reached).
+      const bool stopped_by_max_steps =
+          command.train.max_steps > 0 && group.rounds_done() >= command.train.max_steps;
       std::printf("not settled: training ended while %s were being measured (%s gives it the rounds)\n",
                   configuration(group.learners(), group.threads_per_learner()).c_str(),
-                  command.train.max_steps > 0 ? "a larger --max-steps" : "more --epochs");
+                  stopped_by_max_steps ? "a larger --max-steps" : "more --epochs");
     }
   }
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,

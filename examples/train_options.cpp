@@ -307,6 +307,12 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       (flag == "--checkpoint" ? command.checkpoint : command.resume) = value;
     } else if (flag == "--profile-cache") {
       if (value.empty()) throw Error("--profile-cache: empty file name (use 'none' for no cache)");
+      // The default cache's directory is made on first use; a named one's must exist (a typo in it
+      // would otherwise make directories).
+      const std::filesystem::path directory = std::filesystem::path(value).parent_path();
+      std::error_code error;
+      if (value != "none" && !directory.empty() && !std::filesystem::is_directory(directory, error))
+        throw Error(cat("--profile-cache: directory '", directory.string(), "' does not exist ('none' for no cache)"));
       command.train.profile_cache = value == "none" ? "" : value;
     } else if (flag == "--trace") {
       check_writable(value, flag);

@@ -163,6 +163,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--alpha", "0.5"}, "--alpha"}, BadFlag{{"--checkpoint", "z.ckpt"}, "--checkpoint"},
                       BadFlag{{"--learners", "2", "--resume", ""}, "--resume"},
                       BadFlag{{"--intra", "2"}, "--intra"}, BadFlag{{"--profile-cache", ""}, "--profile-cache"},
+                      BadFlag{{"--profile-cache", "/nonexistent/p.json"}, "--profile-cache: directory '/nonexistent' does not exist"},
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"},
                       BadFlag{{"--staleness", "1"}, "--staleness"},
                       BadFlag{{"--lr-scaling", "linear"}, "--lr-scaling"},
