@@ -96,10 +96,6 @@ void build_backward(GraphBuilder& builder, Value loss) {
 
 namespace {
 
-std::vector<NodeId> readers_of(const Graph& graph, ValueId value) {
-  return graph.consumers(value);
-}
-
 // The learning rate and Adam's step are fed each step: inputs, not parameters the update would
 // also be training (or activations computed from them).
 void check_fed(const Graph& graph, Value value, const char* what) {
@@ -114,7 +110,7 @@ void check_ready_for_updates(const Graph& graph) {
   for (const ParamInfo& param : graph.params())
     if (param.grad < 0) throw Error("optimizer: call build_backward before adding updates");
   for (const Node& node : graph.nodes())
-    if (OpRegistry::global().get(node.op).updates_in_place)
+    if (OpRegistry::global().get(node.op).updates_in_place())
       throw Error(cat("optimizer: the graph has updates already ('", node.name, "'); add one optimizer, once"));
 }
 
@@ -134,7 +130,7 @@ void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions
     Attrs attrs;
     attrs.set("momentum", options.momentum).set("weight_decay", options.weight_decay);
     builder.apply("sgd_update", {graph.handle(param.value), graph.handle(param.grad), velocity, learning_rate},
-                  attrs, param.name + "/update", readers_of(graph, param.value));
+                  attrs, param.name + "/update");
   }
 }
 
@@ -161,7 +157,7 @@ void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
     builder.apply("adam_update",
                   {graph.handle(param.value), graph.handle(param.grad), first_moment, second_moment,
                    learning_rate, step},
-                  attrs, param.name + "/update", readers_of(graph, param.value));
+                  attrs, param.name + "/update");
   }
 }
 

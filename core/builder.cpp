@@ -1,5 +1,6 @@
 #include "core/builder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
@@ -77,6 +78,27 @@ Value GraphBuilder::state(int param_index, const std::string& kind) {
   return graph_.handle(graph_.add_value(std::move(info)));
 }
 
+// An update's other written inputs are its parameter's optimizer state, each given once; and it
+// runs after every node that reads what it writes (a hand-built optimizer gets the same order as
+// add_sgd_update's: without it a concurrent executor could update w before the forward pass read it).
+void GraphBuilder::add_update_order(const OpDef& def, Node& node) const {
+  const ValueInfo& param = graph_.value(node.inputs[0]);
+  for (int written : def.written_inputs) {
+    if (written >= static_cast<int>(node.inputs.size())) continue;  // too few inputs: infer names it
+    const ValueInfo& info = graph_.value(node.inputs[static_cast<size_t>(written)]);
+    if (written > 0 && (info.role != ValueRole::State || info.param_index != param.param_index))
+      throw Error(cat(node.op, " '", node.name, "': updates input ", written, " ('", info.name, "') in place, which must be ",
+                      "optimizer state of '", param.name, "' (GraphBuilder::state)"));
+    for (size_t other = 0; other < node.inputs.size(); ++other)
+      if (static_cast<int>(other) != written && node.inputs[other] == info.id)
+        throw Error(cat(node.op, " '", node.name, "': '", info.name, "' is input ", written, ", which it updates in place, ",
+                        "and input ", other, " too"));
+    for (NodeId reader : graph_.consumers(info.id))
+      if (std::find(node.control_inputs.begin(), node.control_inputs.end(), reader) == node.control_inputs.end())
+        node.control_inputs.push_back(reader);
+  }
+}
+
 std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<Value>& inputs,
                                        Attrs attrs, const std::string& name,
                                        std::vector<NodeId> control_inputs) {
@@ -94,16 +116,17 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
     // read the updated value), and a second update would apply twice.
     if (info.role == ValueRole::Parameter || info.role == ValueRole::State)
       for (NodeId reader : graph_.consumers(info.id))
-        if (const Node& update = graph_.node(reader); OpRegistry::global().get(update.op).updates_in_place)
+        if (const Node& update = graph_.node(reader); OpRegistry::global().get(update.op).updates_in_place())
           throw Error(cat(op, " '", node.name, "': reads '", info.name, "', which '", update.name,
                           "' already updates in place; add every use of a parameter before the optimizer"));
     infer.inputs.push_back({info.shape, info.dtype});
     node.inputs.push_back(info.id);
   }
   // An update writes its first input in place: a parameter's view, never a batch or an activation.
-  if (def.updates_in_place &&
+  if (def.updates_in_place() &&
       (inputs.empty() || graph_.value(node.inputs[0]).role != ValueRole::Parameter))
     throw Error(cat(op, " '", node.name, "': updates its first input in place, which must be a parameter"));
+  if (def.updates_in_place()) add_update_order(def, node);
   // Checked here as well as by Graph::add_node: nothing is added to the graph for a node refused.
   for (NodeId control : node.control_inputs)
     if (control < 0 || control >= static_cast<NodeId>(graph_.nodes().size()))
@@ -138,7 +161,7 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
 
 Value GraphBuilder::apply1(const std::string& op, const std::vector<Value>& inputs, Attrs attrs,
                            const std::string& name) {
-  if (OpRegistry::global().get(op).updates_in_place)
+  if (OpRegistry::global().get(op).updates_in_place())
     throw Error(cat(op, ": updates in place and has no output value; build it with apply()"));
   std::vector<Value> outputs = apply(op, inputs, std::move(attrs), name);
   if (outputs.empty()) throw Error(cat(op, ": has no output value; build it with apply()"));

@@ -11,6 +11,8 @@
 
 namespace quiver {
 
+struct OpDef;
+
 struct Conv2dAttrs {
   int64_t stride = 1;
   int64_t padding = 0;
@@ -65,6 +67,8 @@ class GraphBuilder {
   std::string scoped(const std::string& name) const;
 
  private:
+  void add_update_order(const OpDef& def, Node& node) const;
+
   Graph graph_;
   std::vector<std::string> scopes_;
   int unnamed_ = 0;

@@ -129,8 +129,12 @@ struct OpDef {
   std::string kind;
   std::function<std::vector<TensorType>(const InferContext&)> infer;
   std::function<void(GradContext&)> backward;  // empty: not differentiable
-  bool updates_in_place = false;               // optimizer updates: writes its inputs
+  // Optimizer updates: the inputs written in place, the parameter (input 0) first, then its
+  // optimizer state. Empty for every other op.
+  std::vector<int> written_inputs;
   std::vector<KernelImpl> kernels;
+
+  bool updates_in_place() const { return !written_inputs.empty(); }
 };
 
 class OpRegistry {

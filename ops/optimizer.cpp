@@ -53,14 +53,14 @@ const bool registered = [] {
   OpDef sgd;
   sgd.kind = "sgd_update";
   sgd.infer = [](const InferContext& ctx) { return infer_update(ctx, 4, 3); };
-  sgd.updates_in_place = true;
+  sgd.written_inputs = {0, 2};  // w, velocity
   sgd.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_sgd});
   register_op(std::move(sgd));
 
   OpDef adam;
   adam.kind = "adam_update";
   adam.infer = [](const InferContext& ctx) { return infer_update(ctx, 6, 4); };
-  adam.updates_in_place = true;
+  adam.written_inputs = {0, 2, 3};  // w, m, v
   adam.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_adam});
   return register_op(std::move(adam));
 }();

@@ -25,7 +25,7 @@ std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& f
     if (producer >= 0) stack.push_back(producer);
   }
   for (const Node& node : graph.nodes())
-    if (OpRegistry::global().get(node.op).updates_in_place) stack.push_back(node.id);
+    if (OpRegistry::global().get(node.op).updates_in_place()) stack.push_back(node.id);
   while (!stack.empty()) {
     NodeId id = stack.back();
     stack.pop_back();

@@ -248,7 +248,7 @@ void expect_cuda_matches_cpu(const Graph& graph, const RecordedNode& recorded, D
   for (size_t i = 0; i < node.outputs.size(); ++i)
     expect_match(downloaded(gpu_outputs[i]), cpu_outputs[i],
                  cat(what, " output ", i, " '", graph.value(node.outputs[i]).name, "'"));
-  if (def.updates_in_place)
+  if (def.updates_in_place())
     for (size_t i = 0; i < node.inputs.size(); ++i)
       expect_match(downloaded(gpu_inputs[i]), cpu_inputs[i],
                    cat(what, " input ", i, " '", graph.value(node.inputs[i]).name, "' after the update"));

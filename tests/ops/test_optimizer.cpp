@@ -141,6 +141,50 @@ TEST(Optimizer, UpdateRunsAfterEveryReaderOfItsParameter) {
   EXPECT_GE(readers, 1) << "the forward pass reads w: there is an order to check";
 }
 
+// An update built by hand with apply() gets the order add_sgd_update gives: it runs after every
+// reader of what it writes (a concurrent executor once ran such an update before the forward
+// matmul read w). What it writes besides the parameter must be that parameter's state, given once.
+TEST(Optimizer, AHandBuiltUpdateRunsAfterTheReadersAndWritesOnlyItsState) {
+  GraphBuilder b;
+  Value w = b.parameter("w", Shape{1, 5}, ParamInit::zeros());
+  Value u = b.parameter("u", Shape{1, 5}, ParamInit::zeros());
+  Value r = b.input("R", Shape{5, 1});
+  Value loss = b.reshape(b.add(b.matmul(w, r, false, false, "forward"), b.matmul(u, r)), Shape{});
+  build_backward(b, loss);
+  Value lr = b.input("learning_rate", Shape{1});
+  Value grad = b.graph().handle(b.graph().params()[0].grad);
+  const Attrs sgd = Attrs().set("momentum", 0.9).set("weight_decay", 0.0);
+  auto refused = [&](const std::vector<Value>& inputs, const std::string& expected) {
+    const size_t nodes = b.graph().nodes().size();
+    try {
+      b.apply("sgd_update", inputs, sgd, "w/update");
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(b.graph().nodes().size(), nodes) << "a refused update adds nothing";
+  };
+  refused({w, grad, r, lr}, "sgd_update 'w/update': updates input 2 ('R') in place, which must be optimizer state of 'w'");
+  refused({w, grad, w, lr}, "'w' is input 0, which it updates in place, and input 2 too");
+  refused({w, grad, grad, lr}, "updates input 2 (");
+  refused({w, grad, b.state(1, "velocity"), lr}, "updates input 2 ('u/velocity') in place, which must be optimizer state of 'w'");
+  Value velocity = b.state(0, "velocity");
+  refused({w, grad, velocity, velocity}, "'w/velocity' is input 2, which it updates in place, and input 3 too");
+
+  b.apply("sgd_update", {w, grad, velocity, lr}, sgd, "w/update");
+  const Graph& graph = b.graph();
+  const Node& update = graph.nodes().back();
+  ASSERT_EQ(update.op, "sgd_update");
+  int readers = 0;
+  for (NodeId reader : graph.consumers(w.id)) {
+    if (reader == update.id) continue;
+    ++readers;
+    EXPECT_NE(std::find(update.control_inputs.begin(), update.control_inputs.end(), reader),
+              update.control_inputs.end()) << graph.node(reader).name << " may run after the update";
+  }
+  EXPECT_GE(readers, 1) << "the forward matmul reads w: there is an order to check";
+}
+
 // The update runs after the readers it knows when it is added: a reader of the parameter (or of its
 // state) added later would race with it, a second update would apply twice, and an update of a
 // batch or an activation writes what is not a parameter. All refused, naming the node.
