@@ -58,14 +58,25 @@ void* Tensor::raw() const {
   return static_cast<char*>(storage_->data()) + offset_ * size_of(dtype_);
 }
 
+namespace {
+
+bool has_negative_extent(const Shape& shape) {
+  for (int64_t extent : shape.dims())
+    if (extent < 0) return true;
+  return false;
+}
+
+}  // namespace
+
 Tensor Tensor::view(const Shape& shape) const {
-  if (shape.numel() != numel())
+  if (has_negative_extent(shape) || shape.numel() != numel())  // [-2,-2] has 4 "elements"
     throw Error(cat("view: cannot view ", shape_.str(), " as ", shape.str()));
   return Tensor(storage_, offset_, shape, dtype_);
 }
 
 Tensor Tensor::slice(int64_t offset, const Shape& shape) const {
-  if (offset < 0 || offset + shape.numel() > numel())
+  // numel() - offset, not offset + count: an offset near 2^63 would overflow past the check.
+  if (offset < 0 || offset > numel() || has_negative_extent(shape) || shape.numel() > numel() - offset)
     throw Error(cat("slice: ", shape.str(), " at ", offset, " does not fit in ", shape_.str()));
   return Tensor(storage_, offset_ + offset, shape, dtype_);
 }

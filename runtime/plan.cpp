@@ -57,6 +57,34 @@ std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& f
   }
 }
 
+// A graph built through Graph's own API (add_value, add_node, a mutable value()) was never checked
+// by the builder: a node must read only values that exist when it runs, and its outputs must be
+// what its op infers from its inputs, or its kernel would read nothing or write past a buffer.
+void check_node(const Graph& graph, const Node& node) {
+  const std::string where = cat("plan: ", node.op, " '", node.name, "': ");
+  InferContext infer{node, {}};
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const ValueInfo& input = graph.value(node.inputs[i]);
+    if (input.role == ValueRole::Activation && input.producer < 0)
+      throw Error(cat(where, "input ", i, " '", input.name, "' is an activation that no node computes"));
+    infer.inputs.push_back({input.shape, input.dtype});
+  }
+  std::vector<TensorType> inferred;
+  try {
+    inferred = OpRegistry::global().get(node.op).infer(infer);
+  } catch (const std::exception& error) {
+    throw Error(cat(where, "its inputs no longer fit its op: ", error.what()));
+  }
+  if (inferred.size() != node.outputs.size())
+    throw Error(cat(where, "its op makes ", inferred.size(), " outputs; the node has ", node.outputs.size()));
+  for (size_t i = 0; i < inferred.size(); ++i) {
+    const ValueInfo& output = graph.value(node.outputs[i]);
+    if (output.shape != inferred[i].shape || output.dtype != inferred[i].dtype)
+      throw Error(cat(where, "output ", i, " '", output.name, "' is ", output.shape.str(), " ", name_of(output.dtype),
+                      "; its op makes ", inferred[i].shape.str(), " ", name_of(inferred[i].dtype), " of its inputs"));
+  }
+}
+
 }  // namespace
 
 Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,
@@ -76,6 +104,7 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
   device_graphs_ = options.device_graphs && !device_.is_cpu();
   store.check_compatible(graph_);
   for (NodeId id : needed_nodes(graph_, fetches)) {
+    check_node(graph_, graph_.node(id));
     PlanStep step;
     step.node = id;
     steps_.push_back(std::move(step));

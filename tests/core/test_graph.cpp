@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -486,6 +487,56 @@ TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
 
 // An error while a kernel is prepared (here: fill without its value) names the op and the node,
 // as errors while it runs do.
+// A graph made through Graph's own API is checked when it is planned: a node that reads an
+// activation nothing computes, or whose output is not what its op makes of its inputs (a shape
+// changed after inference), is refused naming the node. Both once ran: a null read, or a write
+// past the end of a buffer.
+TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
+  {
+    GraphBuilder b;
+    Graph& g = b.graph();
+    ValueInfo orphan;
+    orphan.name = "orphan";
+    orphan.shape = Shape{2, 2};
+    Value y = b.relu(g.handle(g.add_value(orphan)), "reads_orphan");
+    ParamStore store(g);
+    const std::string message = error_of([&] { Plan plan(g, store, {y}); });
+    EXPECT_NE(message.find("plan: relu 'reads_orphan': input 0 'orphan' is an activation that no node computes"),
+              std::string::npos) << message;
+  }
+  {
+    GraphBuilder b;
+    Value y = b.relu(b.input("x", Shape{2, 2}), "grown");
+    b.graph().value(y.id).shape = Shape{64, 64};
+    ParamStore store(b.graph());
+    const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
+    EXPECT_NE(message.find("plan: relu 'grown': output 0 'grown' is [64,64] f32; its op makes [2,2] f32"),
+              std::string::npos) << message;
+  }
+  {
+    GraphBuilder b;
+    Value x = b.input("x", Shape{2, 3});
+    Value y = b.relu(x, "was_fine");
+    b.graph().value(x.id).dtype = DType::I32;  // an input retyped after its reader was inferred
+    ParamStore store(b.graph());
+    const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
+    EXPECT_NE(message.find("plan: relu 'was_fine': its inputs no longer fit its op: "), std::string::npos) << message;
+  }
+}
+
+// Tensor views and slices stay inside their storage: an offset near 2^63 once overflowed past the
+// bounds check, and negative extents passed as a count of elements.
+TEST(Tensor, SlicesAndViewsStayInsideTheirStorage) {
+  Tensor t = Tensor::zeros(Shape{4}, DType::F32);
+  EXPECT_EQ(t.slice(1, Shape{3}).numel(), 3);
+  EXPECT_EQ(t.slice(4, Shape{0}).numel(), 0);
+  EXPECT_NE(error_of([&] { t.slice(std::numeric_limits<int64_t>::max(), Shape{2}); }).find("does not fit"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.slice(2, Shape{3}); }).find("slice: [3] at 2 does not fit in [4]"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.slice(0, Shape{-2, -2}); }).find("does not fit"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.view(Shape{-2, -2}); }).find("view: cannot view [4] as [-2,-2]"), std::string::npos);
+  EXPECT_EQ(t.view(Shape{2, 2}).numel(), 4);
+}
+
 TEST(Plan, AnErrorPreparingAKernelNamesTheNode) {
   GraphBuilder b;
   Attrs attrs;
