@@ -99,6 +99,14 @@ std::filesystem::path write_target(const std::string& path, const std::string& w
   throw Error(cat(what, ": '", path, "': too many levels of symbolic links"));
 }
 
+// Gives the new file `fd` the permissions of the file it replaces, if there is one: a checkpoint
+// its owner made private stays private (a new file is created 0644 less the umask). Best effort:
+// where it fails the file keeps the mode it was created with, as before.
+void keep_mode_of(const std::filesystem::path& target, int fd) {
+  struct stat existing{};
+  if (::stat(target.c_str(), &existing) == 0 && S_ISREG(existing.st_mode)) ::fchmod(fd, existing.st_mode & 07777);
+}
+
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
@@ -108,6 +116,7 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   // The text goes to an unnamed file, named only once it is on the disk; where there is none (or
   // it cannot be named), to a named temporary file from the start.
   if (const int unnamed = create_unnamed(directory); unnamed >= 0) {
+    keep_mode_of(target, unnamed);
     const bool written = write_and_sync(unnamed, text);
     const int write_errno = errno;
     const bool named = written && name_unnamed(unnamed, directory, temporary);
@@ -123,6 +132,7 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   if (temporary.empty()) {
     const int fd = create_temporary(directory, temporary);
     if (fd < 0) throw Error(cat(what, ": cannot write '", path, "': ", std::strerror(errno)));
+    keep_mode_of(target, fd);
     const bool written = write_and_sync(fd, text);
     const int write_errno = errno;
     const bool closed = ::close(fd) == 0;

@@ -18,6 +18,9 @@ namespace quiver {
 namespace {
 
 constexpr const char* kMagic = "QUIVER-CHECKPOINT 1\n";
+// The JSON header (model, counts, the parameters' names and shapes): a few KB for the bundled
+// models; a file whose header would be larger is not read.
+constexpr std::uintmax_t kLargestHeader = std::uintmax_t{64} << 20;
 
 uint32_t crc_of(const char* data, size_t bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -64,6 +67,9 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
   if (info.data_samples > 0) header["data_samples"] = info.data_samples;
   std::string text = kMagic;
   const std::string header_text = header.dump();
+  if (header_text.size() > kLargestHeader)  // load would not read it
+    throw Error(cat("checkpoint '", path, "': not saved: its header (the parameters' names and shapes) takes ",
+                    header_text.size(), " bytes, more than the ", kLargestHeader, " a checkpoint may hold"));
   const uint64_t header_bytes = header_text.size();
   text.append(reinterpret_cast<const char*>(&header_bytes), sizeof(header_bytes));
   text += header_text;
@@ -92,11 +98,23 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(cat("checkpoint '", path, "': cannot open it"));
+  // A file given by mistake (an archive, a disk image) is refused by its first bytes, and one
+  // larger than any checkpoint of this model by its size, before it is read whole.
+  const size_t magic = std::strlen(kMagic);
+  std::string head(magic, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(magic));
+  if (static_cast<size_t>(in.gcount()) != magic || head != kMagic)
+    throw Error(cat("checkpoint '", path, "': not a Quiver checkpoint (bad magic)"));
+  const std::uintmax_t largest = magic + sizeof(uint64_t) + kLargestHeader + static_cast<std::uintmax_t>(flat.bytes()) +
+                                 sizeof(uint32_t);
+  if (const std::uintmax_t size = std::filesystem::file_size(path, error); !error && size > largest)
+    throw Error(cat("checkpoint '", path, "': ", size, " bytes, more than a checkpoint of model '", model,
+                    "' can hold (at most ", largest, ")"));
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   const std::string text = buffer.str();
-  const size_t magic = std::strlen(kMagic);
-  if (text.size() < magic || text.compare(0, magic, kMagic) != 0)
+  if (text.size() < magic || text.compare(0, magic, kMagic) != 0)  // the file changed meanwhile
     throw Error(cat("checkpoint '", path, "': not a Quiver checkpoint (bad magic)"));
   uint64_t header_bytes = 0;
   if (text.size() < magic + sizeof(header_bytes) + sizeof(uint32_t))

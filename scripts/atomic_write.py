@@ -10,7 +10,18 @@ def target_of(path):
     is replaced, the link stays), as runtime/atomic_file.cpp does. Raises OSError when that is
     something other than a regular file (a pipe, a device, a directory), which a rename would
     replace, when it is read-only (kept, as a plain write would keep it), or when its folder is
-    missing or takes no new files."""
+    missing or takes no new files, or when a link on the way leads into /proc (/dev/stdout,
+    /dev/fd/N: a process's open file, which a rename cannot write into and would replace)."""
+    hop = path
+    for _ in range(40):
+        if not os.path.islink(hop):
+            break
+        folder = os.path.realpath(os.path.dirname(hop) or ".")
+        if folder == "/proc" or folder.startswith("/proc/"):
+            raise OSError(f"{path} is a process's open file ({os.path.join(folder, os.path.basename(hop))}): "
+                          "give a file name")
+        link = os.readlink(hop)
+        hop = link if os.path.isabs(link) else os.path.join(os.path.dirname(hop), link)
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise OSError(f"{path} is a directory")
@@ -36,9 +47,12 @@ def write_atomically(path, text):
             scratch.write(text)
             scratch.flush()
             os.fsync(scratch.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
+        if os.path.exists(target):  # a replaced file keeps its permissions (a private one stays private)
+            os.chmod(scratch.name, stat.S_IMODE(os.stat(target).st_mode))
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(scratch.name, 0o666 & ~umask)  # as an ordinary new file, not the scratch file's 0600
         os.replace(scratch.name, target)
     except BaseException:
         if os.path.exists(scratch.name):

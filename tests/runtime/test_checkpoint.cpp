@@ -311,6 +311,23 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   long_header[magic + 3] = static_cast<char>(0x7f);
   expect_rejected(long_header, "corrupted or truncated (its header length reads");
   std::filesystem::remove(path);
+  // A file larger than any checkpoint of the model (a disk image given by mistake, here sparse
+  // behind a checkpoint's first bytes) is refused by its size, before it is read whole.
+  {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    const std::uintmax_t largest = magic + 8 + (std::uintmax_t{64} << 20) + group.average().bytes() + 4;
+    std::filesystem::resize_file(path, largest + 1);
+    try {
+      group.load(path);
+      FAIL() << "a file of " << largest + 1 << " bytes was loaded";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(cat(largest + 1, " bytes, more than a checkpoint of model 'mlp' can hold (at most ",
+                                                   largest, ")")),
+                std::string::npos) << error.what();
+    }
+    for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(group.average().f32()[i], before[i]) << "nothing is lost";
+  }
+  std::filesystem::remove(path);
   // Not a file: a pipe would block the open, /dev/zero would be read for ever.
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   for (const std::string& special : {path, std::string("/dev/zero")}) {
