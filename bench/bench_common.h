@@ -83,7 +83,7 @@ inline std::vector<int> int_list(const std::string& flag, const std::string& tex
   for (const std::string& item : split(flag, text)) {
     const int value = to_int(flag, item, high, low);
     if (std::find(values.begin(), values.end(), value) != values.end())
-      throw Error(cat(flag, ": ", value, " is given twice in '", text, "'"));
+      throw Error(cat(flag, ": '", item, "' is given twice in '", text, "' (as ", value, ")"));
     values.push_back(value);
   }
   return values;

@@ -312,7 +312,9 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       const std::filesystem::path directory = std::filesystem::path(value).parent_path();
       std::error_code error;
       if (value != "none" && !directory.empty() && !std::filesystem::is_directory(directory, error))
-        throw Error(cat("--profile-cache: directory '", directory.string(), "' does not exist ('none' for no cache)"));
+        throw Error(cat("--profile-cache: directory '", directory.string(), "' ",
+                        std::filesystem::exists(directory, error) ? "is not a directory" : "does not exist",
+                        " ('none' for no cache)"));
       command.train.profile_cache = value == "none" ? "" : value;
     } else if (flag == "--trace") {
       check_writable(value, flag);

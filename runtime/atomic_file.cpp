@@ -104,7 +104,7 @@ std::filesystem::path write_target(const std::string& path, const std::string& w
 // where it fails the file keeps the mode it was created with, as before.
 void keep_mode_of(const std::filesystem::path& target, int fd) {
   struct stat existing{};
-  if (::stat(target.c_str(), &existing) == 0 && S_ISREG(existing.st_mode)) ::fchmod(fd, existing.st_mode & 07777);
+  if (::stat(target.c_str(), &existing) == 0 && S_ISREG(existing.st_mode)) ::fchmod(fd, existing.st_mode & 0777);
 }
 
 }  // namespace

@@ -72,8 +72,9 @@ void check_node(const Graph& graph, const Node& node) {
   std::vector<TensorType> inferred;
   try {
     inferred = OpRegistry::global().get(node.op).infer(infer);
-  } catch (const std::exception& error) {
-    throw Error(cat(where, "its inputs no longer fit its op: ", error.what()));
+  } catch (const std::exception& error) {  // InferContext::fail names the op and the node already
+    const std::string said = error.what(), named = cat(node.op, " '", node.name, "': ");
+    throw Error(cat(where, "its inputs no longer fit its op: ", said.starts_with(named) ? said.substr(named.size()) : said));
   }
   if (inferred.size() != node.outputs.size())
     throw Error(cat(where, "its op makes ", inferred.size(), " outputs; the node has ", node.outputs.size()));

@@ -48,7 +48,7 @@ def write_atomically(path, text):
             scratch.flush()
             os.fsync(scratch.fileno())
         if os.path.exists(target):  # a replaced file keeps its permissions (a private one stays private)
-            os.chmod(scratch.name, stat.S_IMODE(os.stat(target).st_mode))
+            os.chmod(scratch.name, stat.S_IMODE(os.stat(target).st_mode) & 0o777)
         else:
             umask = os.umask(0)
             os.umask(umask)

@@ -66,8 +66,8 @@ TEST(BenchCommon, ListsAreReadItemByItemAndOnce) {
     }
     return std::string("accepted");
   };
-  EXPECT_EQ(int_error_of("2,02"), "--learners: 2 is given twice in '2,02'");
-  EXPECT_EQ(int_error_of("1,+1"), "--learners: 1 is given twice in '1,+1'");
+  EXPECT_EQ(int_error_of("2,02"), "--learners: '02' is given twice in '2,02' (as 2)");
+  EXPECT_EQ(int_error_of("1,+1"), "--learners: '+1' is given twice in '1,+1' (as 1)");
   EXPECT_EQ(int_error_of("1,257"), "--learners: expected a whole number from 1 to 256, got '257'");
 }
 

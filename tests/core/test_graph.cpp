@@ -485,8 +485,6 @@ TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
   EXPECT_NE(error_of([&] { plan->tensor(Value{}); }).find("empty"), std::string::npos);
 }
 
-// An error while a kernel is prepared (here: fill without its value) names the op and the node,
-// as errors while it runs do.
 // A graph made through Graph's own API is checked when it is planned: a node that reads an
 // activation nothing computes, or whose output is not what its op makes of its inputs (a shape
 // changed after inference), is refused naming the node. Both once ran: a null read, or a write
@@ -521,6 +519,7 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
     ParamStore store(b.graph());
     const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
     EXPECT_NE(message.find("plan: relu 'was_fine': its inputs no longer fit its op: "), std::string::npos) << message;
+    EXPECT_EQ(message.find("'was_fine'", message.find("'was_fine'") + 1), std::string::npos) << "named once: " << message;
   }
 }
 
@@ -537,6 +536,8 @@ TEST(Tensor, SlicesAndViewsStayInsideTheirStorage) {
   EXPECT_EQ(t.view(Shape{2, 2}).numel(), 4);
 }
 
+// An error while a kernel is prepared (here: fill without its value) names the op and the node,
+// as errors while it runs do.
 TEST(Plan, AnErrorPreparingAKernelNamesTheNode) {
   GraphBuilder b;
   Attrs attrs;
