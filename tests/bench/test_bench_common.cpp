@@ -45,30 +45,25 @@ TEST(BenchCommon, FlagsAreReadWithClearErrors) {
 // (--learners 2,2 put both groups' rates under one key); empty items and trailing commas are named.
 TEST(BenchCommon, ListsAreReadItemByItemAndOnce) {
   EXPECT_EQ(bench::split("--learners", "1,2,4"), (std::vector<std::string>{"1", "2", "4"}));
-  auto error_of = [](const std::string& text) {
+  // What reading `text` as a list (`parse`: split or int_list) says of it.
+  auto error_of = [](auto parse, const std::string& text) {
     try {
-      bench::split("--learners", text);
+      parse("--learners", text);
     } catch (const Error& error) {
       return std::string(error.what());
     }
     return std::string("accepted");
   };
-  EXPECT_EQ(error_of("2,2"), "--learners: '2' is given twice in '2,2'");
-  EXPECT_EQ(error_of("1,,2"), "--learners: empty item in '1,,2'");
-  EXPECT_EQ(error_of("1,2,"), "--learners: expected a comma-separated list, got '1,2,'");
+  auto split = [](const std::string& flag, const std::string& text) { return bench::split(flag, text); };
+  auto ints = [](const std::string& flag, const std::string& text) { return bench::int_list(flag, text, 256); };
+  EXPECT_EQ(error_of(split, "2,2"), "--learners: '2' is given twice in '2,2'");
+  EXPECT_EQ(error_of(split, "1,,2"), "--learners: empty item in '1,,2'");
+  EXPECT_EQ(error_of(split, "1,2,"), "--learners: expected a comma-separated list, got '1,2,'");
   // Numbers are compared as numbers: 2 and 02 are one column (they once were two, pooled).
   EXPECT_EQ(bench::int_list("--learners", "1,2,16"), (std::vector<int>{1, 2, 16}));
-  auto int_error_of = [](const std::string& text) {
-    try {
-      bench::int_list("--learners", text, 256);
-    } catch (const Error& error) {
-      return std::string(error.what());
-    }
-    return std::string("accepted");
-  };
-  EXPECT_EQ(int_error_of("2,02"), "--learners: '02' is given twice in '2,02' (as 2)");
-  EXPECT_EQ(int_error_of("1,+1"), "--learners: '+1' is given twice in '1,+1' (as 1)");
-  EXPECT_EQ(int_error_of("1,257"), "--learners: expected a whole number from 1 to 256, got '257'");
+  EXPECT_EQ(error_of(ints, "2,02"), "--learners: '02' is given twice in '2,02' (as 2)");
+  EXPECT_EQ(error_of(ints, "1,+1"), "--learners: '+1' is given twice in '1,+1' (as 1)");
+  EXPECT_EQ(error_of(ints, "1,257"), "--learners: expected a whole number from 1 to 256, got '257'");
 }
 
 }  // namespace
