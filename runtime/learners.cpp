@@ -169,7 +169,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
       // On the host fit() also holds the rounds' batches a learner may still be running: the last
       // staleness + 1 rounds' (a bound of 64 rounds at a large batch holds gigabytes).
       const int64_t held_batches =
-          device.is_cpu() ? (options_.staleness + 1) * learners * batch_ * (features_ * int64_t{4} + 4) : 0;
+          device.is_cpu() ? (options_.staleness + 1) * learners * batch_bytes() : 0;
       const int64_t need = per_device * each + sma + average_workspace + held_batches;
       const int64_t have = device.is_cpu() ? cpu_available
                                            : backend_for(device).free_memory(device.index) + first.memory_bytes() -
@@ -502,8 +502,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   batcher_options.first_batch = resume_batch;
   // Four rounds of the largest group ahead, so a round never waits on I/O, but at most ~64 MiB of
   // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
-  const int64_t batch_bytes = batch_ * (features_ * static_cast<int64_t>(sizeof(float)) + sizeof(int32_t));
-  const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes);
+  const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes());
   const int64_t most = std::max(options_.learners, options_.max_learners);  // an explicit k may exceed the tuner's
   batcher_options.prefetch_depth = static_cast<int>(std::max<int64_t>(2 * most, std::min<int64_t>(4 * most, by_memory)));
   Batcher batcher(train, batcher_options);

@@ -251,6 +251,8 @@ class LearnerGroup {
   // feeder hand-over, a sync pass) in round `round`, as learner `learner`'s when >= 0.
   void trace_group_work(const char* name, const char* kind, int64_t start_us, int64_t round, int learner = -1) const;
   int64_t trace_clock() const { return trace_ ? trace_->now_us() : 0; }  // a start for trace_group_work
+  // One learner's batch on the host: its images and labels.
+  int64_t batch_bytes() const { return batch_ * (features_ * int64_t{sizeof(float)} + int64_t{sizeof(int32_t)}); }
   mutable bool average_stale_ = false;
   void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
