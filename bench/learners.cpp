@@ -141,23 +141,23 @@ int main(int argc, char** argv) {
           for (int k : o.learners)
             groups[g].push_back(std::make_unique<LearnerGroup>(
                 models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.staleness[g])));
-        // Warm-up: `warmup` steps of every configuration, then each configuration on its own
-        // until its executors (auto policy) have finished profiling and their trials, which for
-        // the CNN takes longer than 40 steps; a profiling step is slower than a settled one, and
-        // it would count against whichever it hit. One configuration at a time: a trial whose
-        // steps alternate with other configurations' rounds (four learners' threads, their cache
-        // footprint) chose differently from the same trial alone (the MLP's one learner chose
-        // intra where single-stream, the same computation, chose serial, and ran at 0.55-0.60x).
-        for (int i = 0; i < o.warmup; ++i) {
-          single.train_step(data.images_of(i), data.labels_of(i));
-          for (auto& gate : groups)
-            for (auto& group : gate) group->round(data.images_of(i), data.labels_of(i));
-        }
-        for (int i = 0; single.executor() && !single.executor()->tuned(); ++i)
+        // Warm-up, one configuration at a time: `warmup` steps (rounds), then on until its
+        // executors (auto policy) have finished profiling and their trials, which for the CNN
+        // takes longer than 40 steps; a profiling step is slower than a settled one, and it would
+        // count against whichever it hit. Nothing else runs meanwhile: a trial whose steps
+        // alternate with other configurations' rounds (their threads, their cache footprint)
+        // chose differently from the same trial alone (the MLP's one learner chose intra where
+        // single-stream, the same computation, chose serial, and ran at 0.55-0.60x). Until
+        // 2026-11-27 the first `warmup` steps still alternated, and an executor that finished
+        // profiling within them began its trial among the other configurations' rounds.
+        for (int i = 0; i < o.warmup || (single.executor() && !single.executor()->tuned()); ++i)
           single.train_step(data.images_of(i), data.labels_of(i));
         for (auto& gate : groups)
-          for (auto& group : gate)
-            for (int i = 0; group->executor_tuning_runs_left() > 0; ++i) group->round(data.images_of(i), data.labels_of(i));
+          for (auto& group : gate) {
+            for (int i = 0; i < o.warmup || group->executor_tuning_runs_left() > 0; ++i)
+              group->round(data.images_of(i), data.labels_of(i));
+            group->settle();  // under a staleness bound, its learners' last rounds
+          }
         if (const Executor* executor = single.executor(); executor && executor->policy() == Policy::Auto)
           std::printf("# %s, batch %lld: the single-stream executor chose the %s schedule\n", model.c_str(),
                       static_cast<long long>(batch), executor->chosen_schedule().c_str());
