@@ -206,7 +206,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   std::unique_ptr<ExecContext> make_stream(int device) override {
-    return std::make_unique<StreamContext>(device);
+    return std::make_unique<StreamContext>(device, [this, device] { allocator_.release_cached(device); });
   }
 
   void upload(const ExecContext& ctx, void* dst, const void* src, int64_t bytes) override {

@@ -1,5 +1,7 @@
 #include "cuda/context.h"
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -10,7 +12,16 @@ namespace quiver::cuda {
 
 void fail(const char* call, const char* file, int line, const std::string& name,
           const std::string& description) {
-  throw Error(cat("CUDA: ", call, " failed: ", name, ": ", description, " (", file, ":", line, ")"));
+  // A kernel's fault is reported by whichever later call next asks the device: the op being run
+  // then is not necessarily the one that faulted.
+  static constexpr const char* kSticky[] = {"cudaErrorIllegalAddress", "cudaErrorLaunchFailure",
+                                            "cudaErrorMisalignedAddress", "cudaErrorIllegalInstruction",
+                                            "cudaErrorAssert", "cudaErrorHardwareStackError", "cudaErrorInvalidPc"};
+  const bool sticky = std::find(std::begin(kSticky), std::end(kSticky), name) != std::end(kSticky);
+  throw Error(cat("CUDA: ", call, " failed: ", name, ": ", description, " (", file, ":", line, ")",
+                  sticky ? "; a fault of earlier device work, not necessarily of this call: run with "
+                           "CUDA_LAUNCH_BLOCKING=1 (and quiver-train --cuda-graphs off) to find the op"
+                         : ""));
 }
 
 void use_device(int device) {
@@ -65,15 +76,33 @@ int64_t handle_bytes(int device) {
   return measured[device] = static_cast<int64_t>(before - after);
 }
 
+bool out_of_memory(cudaError_t status) { return status == cudaErrorMemoryAllocation; }
+bool out_of_memory(cublasStatus_t status) { return status == CUBLAS_STATUS_ALLOC_FAILED; }
+bool out_of_memory(cudnnStatus_t status) { return status == CUDNN_STATUS_ALLOC_FAILED; }
+
+// Runs `allocate` (a CUDA, cuBLAS or cuDNN call that takes device memory from the driver) and,
+// when it ran out of memory, gives the caching allocator's blocks back and runs it once more.
+template <typename Allocate>
+auto with_cache_given_back(const std::function<void()>& release_cached, Allocate allocate) {
+  auto status = allocate();
+  if (out_of_memory(status) && release_cached) {
+    cudaGetLastError();  // clear it: the retry's result is the one to report
+    release_cached();
+    status = allocate();
+  }
+  return status;
+}
+
 }  // namespace
 
-StreamContext::StreamContext(int device) : device_(device) {
+StreamContext::StreamContext(int device, std::function<void()> release_cached)
+    : device_(device), release_cached_(std::move(release_cached)) {
   use_device(device);
   QUIVER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   try {
-    QUIVER_CUBLAS_CHECK(cublasCreate(&cublas_));
+    QUIVER_CUBLAS_CHECK(with_cache_given_back(release_cached_, [&] { return cublasCreate(&cublas_); }));
     QUIVER_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    QUIVER_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    QUIVER_CUDNN_CHECK(with_cache_given_back(release_cached_, [&] { return cudnnCreate(&cudnn_); }));
     QUIVER_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
     resident_bytes_ = handle_bytes(device);
     QUIVER_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
@@ -121,7 +150,8 @@ void* StreamContext::workspace(int64_t bytes) const {
     workspace_ = nullptr;
     workspace_bytes_ = 0;
   }
-  QUIVER_CUDA_CHECK(cudaMalloc(&workspace_, static_cast<size_t>(bytes)));
+  QUIVER_CUDA_CHECK(with_cache_given_back(release_cached_,
+                                          [&] { return cudaMalloc(&workspace_, static_cast<size_t>(bytes)); }));
   workspace_bytes_ = bytes;
   return workspace_;
 }

@@ -18,7 +18,11 @@ namespace quiver::cuda {
 
 class StreamContext final : public ExecContext {
  public:
-  explicit StreamContext(int device);
+  // `release_cached` gives the device's caching-allocator blocks back to the driver. The memory
+  // check counts those blocks as free (DeviceBackend::free_memory), but what this stream
+  // allocates for itself (its library handles, its workspace) comes from the driver directly:
+  // when that runs out of memory the cache is given back and the allocation tried once more.
+  StreamContext(int device, std::function<void()> release_cached);
   ~StreamContext() override;
   StreamContext(const StreamContext&) = delete;
   StreamContext& operator=(const StreamContext&) = delete;
@@ -64,6 +68,7 @@ class StreamContext final : public ExecContext {
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   int64_t resident_bytes_ = 0;
+  std::function<void()> release_cached_;
   mutable void* workspace_ = nullptr;
   mutable int64_t workspace_bytes_ = 0;
   mutable int64_t workspace_generation_ = 0;

@@ -115,10 +115,16 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     streams.push_back(stream);
   }
   // Per device: the corrections' sum, in the stream's workspace (ordered work on one stream).
+  // Every workspace first, then the corrections: a workspace that cannot grow must fail the round
+  // before any device's replicas have moved toward z.
   std::vector<float*> moves;
   for (size_t d = 0; d < shards.size(); ++d) {
     use_device(devices[d]);
-    auto* move = static_cast<float*>(streams[d]->workspace(count * static_cast<int64_t>(sizeof(float))));
+    moves.push_back(static_cast<float*>(streams[d]->workspace(count * static_cast<int64_t>(sizeof(float)))));
+  }
+  for (size_t d = 0; d < shards.size(); ++d) {
+    use_device(devices[d]);
+    float* move = moves[d];
     LearnerBuffers buffers{};
     for (size_t j = 0; j < shards[d].params.size(); ++j) {
       buffers.params[j] = shards[d].params[j];
@@ -127,7 +133,6 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     corrections_kernel<<<blocks_for(count), kThreadsPerBlock, 0, streams[d]->stream()>>>(
         move, shards[d].z, buffers, static_cast<int>(shards[d].params.size()), alpha, count);
     QUIVER_CUDA_CHECK_LAUNCH();
-    moves.push_back(move);
   }
   if (shards.size() > 1) {
     const auto* set = static_cast<const Communicators*>(communicators);

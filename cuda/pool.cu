@@ -1,8 +1,8 @@
 // The CUDA kernels of max_pool2d and max_pool2d_grad, written out rather than taken from cuDNN
 // so that they agree with ops/pool.cpp exactly: a square window, no padding, ties to the first
-// maximum in row-major window order (a strictly greater value replaces the best, so a NaN never
-// does unless it is the window's first element), the argmax recorded as an int32 index into the
-// H*W plane, and a gradient that routes dy through that argmax only.
+// maximum in row-major window order (math::max_pool_argmax in ops/pool.h: a strictly greater
+// value replaces the best, and the first NaN wins over any number), the argmax recorded as an
+// int32 index into the H*W plane, and a gradient that routes dy through that argmax only.
 // The gradient is a gather, one thread per input element, never an atomic scatter: windows
 // overlap when stride < kernel, and the thread adds the dy of each window that chose its element
 // in ascending output order starting from 0, the order in which the CPU kernel accumulates,

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -407,6 +409,55 @@ TEST(CudaMemory, TooManyLearnersForTheDeviceAreRefusedBeforeTraining) {
     EXPECT_NE(std::string(error.what()).find("cuda:0"), std::string::npos) << error.what();
   }
   EXPECT_EQ(backend.allocated_bytes(0), before);
+}
+
+// Fills `device` through the caching allocator until the driver has about `leave` bytes free, then
+// releases every block into the allocator's cache, where free_memory() still counts them; returns
+// the bytes cached. The cache must be empty before.
+int64_t park_memory_in_the_cache(DeviceBackend& backend, int device, int64_t leave) {
+  constexpr int64_t kPage = int64_t{2} << 20;
+  std::vector<std::pair<void*, int64_t>> blocks;
+  for (int64_t free = backend.free_memory(device); free - leave >= kPage; free = backend.free_memory(device)) {
+    const int64_t chunk = std::min<int64_t>(int64_t{1} << 30, (free - leave) / kPage * kPage);
+    blocks.emplace_back(backend.allocate(device, chunk), chunk);
+  }
+  int64_t parked = 0;
+  for (const auto& [block, bytes] : blocks) backend.release(device, block, bytes), parked += bytes;
+  return parked;
+}
+
+// A stream takes its library handles and its workspace from the driver, not from the caching
+// allocator, while the memory check counts the allocator's cache as free (free_memory): a process
+// that trained one configuration and builds another finds the first one's memory cached. A
+// stream that needs more than the driver has gives the cache back and tries once more (until
+// 2026-11-27 its cudaMalloc or cublasCreate failed). Here the cache holds all but 256 MiB of the
+// device when an LSTM's first step grows its stream's workspace to 1 GiB or more (the gates of
+// every step, for every sample), and all but 32 MiB when a new stream's cuBLAS handle takes its
+// 64 MiB.
+TEST(CudaMemory, AStreamGivesTheCacheBackWhenTheDriverRunsOut) {
+  REQUIRE_CUDA_DEVICES(1);
+  DeviceBackend& backend = *device_backend(DeviceKind::CUDA);
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  backend.release_cached(0);
+  TrainOptions options = recipe(Device::cuda(0));
+  options.batch = 1024;
+  const int64_t per_sample = Trainer(models::lstm(), options).workspace_bytes() / options.batch + 1;
+  options.batch = (1024 * kMiB / per_sample / 1024 + 1) * 1024;
+  {
+    Trainer trainer(models::lstm(), options);
+    ASSERT_GE(trainer.workspace_bytes(), 1024 * kMiB) << "at batch " << options.batch;
+    const Batches data(options.batch);
+    backend.release_cached(0);
+    ASSERT_GT(park_memory_in_the_cache(backend, 0, 256 * kMiB), trainer.workspace_bytes());
+    EXPECT_NO_THROW(trainer.train_step(data.images.data(), data.labels.data()));
+    EXPECT_GT(trainer.train_plan().context().workspace_size(), 256 * kMiB);
+  }
+  backend.release_cached(0);
+  park_memory_in_the_cache(backend, 0, 32 * kMiB);
+  std::unique_ptr<ExecContext> stream;
+  EXPECT_NO_THROW(stream = backend.make_stream(0));
+  stream.reset();
+  backend.release_cached(0);
 }
 
 // After the last test the allocator's cached blocks go back to the driver, so a leak check
