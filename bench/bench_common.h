@@ -119,6 +119,20 @@ inline std::vector<std::string> model_names(const std::string& flag, const std::
   return names;
 }
 
+// The order in which run `run` times `count` configurations: run 0 in the given order, later runs
+// shuffled with the run as the seed. A configuration timed right after another inherits its idle
+// threads and cache footprint; rotating one order would keep every pair of neighbours, so the same
+// configuration would pay for the same other one in every run.
+inline std::vector<size_t> run_order(size_t count, int run) {
+  std::vector<size_t> order(count);
+  for (size_t i = 0; i < count; ++i) order[i] = i;
+  if (run > 0) {
+    std::mt19937 engine(static_cast<std::mt19937::result_type>(run));
+    std::shuffle(order.begin(), order.end(), engine);
+  }
+  return order;
+}
+
 inline double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());

@@ -179,9 +179,9 @@ int main(int argc, char** argv) {
         };
         std::vector<double> single_rates;
         std::vector<std::map<int, std::vector<double>>> rates(o.staleness.size());
-        // Each run times every configuration once, starting one further along than the run
-        // before, so no configuration always follows the same one (whose idle threads and cache
-        // footprint it would inherit every time).
+        // Each run times every configuration once, in another order each run (bench::run_order),
+        // so no configuration always follows the same one (whose idle threads and cache footprint
+        // it would inherit every time).
         std::vector<std::function<void()>> measure;
         measure.push_back([&] {
           single_rates.push_back(
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
         std::vector<double> probes;
         for (int run = 0; run < o.runs; ++run) {
           probes.push_back(placement.probe());
-          for (size_t m = 0; m < measure.size(); ++m) measure[(m + static_cast<size_t>(run)) % measure.size()]();
+          for (size_t m : bench::run_order(measure.size(), run)) measure[m]();
         }
         probes.push_back(placement.probe());
         const double base = bench::median(single_rates);
@@ -225,8 +225,11 @@ int main(int argc, char** argv) {
           tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
           tuner.fit(pool_data, nullptr, 1000000);
           const TunerStep chosen = tuner.tuner_history().empty() ? TunerStep{} : tuner.tuner_history().back();
+          // The best configuration the tuner could have picked: none with more learners than it
+          // may try (on the CPU a learner a core), even where such a one was measured above.
           double best = 0.0;
-          for (int k : o.learners) best = std::max(best, bench::median(rate[k]));
+          for (int k : o.learners)
+            if (k <= tuned.max_learners) best = std::max(best, bench::median(rate[k]));
           if (rate.count(chosen.learners))
             row += cat(" ", bench::configuration_cell(chosen.learners, chosen.threads_per_learner, o.device), " | ",
                        bench::fixed(bench::median(rate[chosen.learners]) / best), " |");

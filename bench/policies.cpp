@@ -55,8 +55,9 @@ std::vector<Config> configs(int threads) {
 
 // One model and batch: every policy's Executor over the same compiled plan (one set of
 // parameters, trained on by all), each warmed up (auto: until its schedule is settled); then
-// `runs` rounds, each timing `steps` steps of every policy in turn. Same process, same buffers,
-// interleaved: the fairest comparison a shared machine allows.
+// `runs` rounds, each timing `steps` steps of every policy in turn, in another order each round
+// (bench::run_order). Same process, same buffers, interleaved: the fairest comparison a shared
+// machine allows.
 struct Result {
   std::map<std::string, std::vector<double>> step_seconds;  // by config label, one per round
   std::map<std::string, int> chosen;                       // auto's settled schedule
@@ -88,13 +89,17 @@ Result measure(const std::string& model, int64_t batch, const std::vector<Config
     e.threads = c.policy == "serial" ? 1 : o.threads;
     e.inter = c.inter;
     e.intra = c.intra;
+    // auto is timed on the schedule its trial settled on: a retrial (after 10 s of steps in
+    // training, ExecutorOptions::retrial_seconds) would run serial and narrow stints inside a
+    // timed round, and at batch 256 the rounds add up to that.
+    e.retrial_seconds = 0.0;
     executors.push_back(std::make_unique<Executor>(plan, e));
     for (int i = 0; i < o.warmup || !executors.back()->tuned(); ++i) feed(), executors.back()->run();
   }
   Result result;
   for (int run = 0; run < o.runs; ++run) {
     result.placement_ns.push_back(placement.probe());
-    for (size_t i = 0; i < list.size(); ++i) {
+    for (size_t i : bench::run_order(list.size(), run)) {  // another order each round
       auto start = std::chrono::steady_clock::now();
       for (int s = 0; s < o.steps; ++s) feed(), executors[i]->run();
       result.step_seconds[list[i].label].push_back(

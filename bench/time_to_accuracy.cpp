@@ -7,10 +7,11 @@
 // epoch's batches, every learner's counted, and at each epoch's end; evaluation time excluded
 // from the clock); stop at the target or after --max-epochs. Time is training time up to the
 // evaluation that first reached the target. --fixed K adds K learners fixed from the start (no
-// tuning) after auto: what the learners' average model needs in samples, without the tuner's
+// tuning) as a third side: what the learners' average model needs in samples, without the tuner's
 // one-learner start. With --lr-scaling linear the learner runs' k learners train at k x lr (the
 // linear scaling rule), with sqrt at sqrt(k) x lr (k = 1, single-stream's case, unchanged). With --runs N each model runs N
-// times, single-stream then auto (then fixed), alternated; the table gives medians and each run's
+// times, single-stream, auto (and fixed) in turn, in reverse order every second run (the side
+// that goes first meets the process's one-time costs); the table gives medians and each run's
 // ratios to single-stream. --seed S changes the seed of every run (initialisation and shuffling).
 #include <algorithm>
 #include <cmath>
@@ -136,11 +137,12 @@ constexpr char kUsage[] =
     "  --lr-scaling none|linear|sqrt  the learner runs' learning rate: linear trains k learners\n"
     "                    at k x lr (the linear scaling rule), sqrt at sqrt(k) x lr; default\n"
     "                    none: lr 0.01 whatever k\n"
-    "  --runs N          runs per model, single-stream then auto (then fixed), alternated\n"
-    "                    (default 1): the table gives the medians and every run's ratios\n"
+    "  --runs N          runs per model, single-stream, auto (and fixed) in turn, in reverse\n"
+    "                    order every second run (default 1): the table gives the medians and\n"
+    "                    every run's ratios\n"
     "  --fixed K         also train K >= 2 learners fixed from the start (on the CPU the cores\n"
     "                    split evenly, at most one learner a core; no tuning) in every run,\n"
-    "                    after auto (default 0: not)\n"
+    "                    after auto (first, in the runs in reverse order) (default 0: not)\n"
     "  --seed S          seed of every run (default 1)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
@@ -256,11 +258,13 @@ int main(int argc, char** argv) {
       std::vector<int> counts;
       for (int r = 1; r <= runs; ++r) {
         const std::string run_name = runs == 1 ? std::string() : cat(" (run ", r, " of ", runs, ")");
-        std::printf("%s, target %.0f%%: single-stream%s\n", name.c_str(), 100 * target, run_name.c_str());
-        Trainer single(models::by_name(name), options);
-        singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
-        std::printf("%s: learners auto%s\n", name.c_str(), run_name.c_str());
-        {  // the auto group is gone before the fixed one starts
+        auto run_single = [&] {
+          std::printf("%s, target %.0f%%: single-stream%s\n", name.c_str(), 100 * target, run_name.c_str());
+          Trainer single(models::by_name(name), options);
+          singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
+        };
+        auto run_auto = [&] {
+          std::printf("%s, target %.0f%%: learners auto%s\n", name.c_str(), 100 * target, run_name.c_str());
           LearnerGroup group(models::by_name(name), options, learner_options(1, available_cores(), true));
           autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
           std::string windows;  // what the tuner measured (or bounded) and kept, for the log
@@ -281,12 +285,18 @@ int main(int argc, char** argv) {
             choices.push_back(choice), counts.push_back(1);
           else
             ++counts[known - choices.begin()];
-        }
-        if (fixed_learners > 0) {
-          std::printf("%s: %s%s\n", name.c_str(), fixed_name.c_str(), run_name.c_str());
+        };
+        auto run_fixed = [&] {
+          std::printf("%s, target %.0f%%: %s%s\n", name.c_str(), 100 * target, fixed_name.c_str(), run_name.c_str());
           LearnerGroup group(models::by_name(name), options, learner_options(fixed_learners, fixed_threads, false));
           fixeds.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
-        }
+        };
+        // Single-stream first in odd runs, last in even ones: the side that goes first pays the
+        // process's one-time costs and meets the host's phase first, so it must not always be one.
+        std::vector<std::function<void()>> sides = {run_single, run_auto};
+        if (fixed_learners > 0) sides.push_back(run_fixed);
+        if (r % 2 == 0) std::reverse(sides.begin(), sides.end());
+        for (const auto& side : sides) side();  // each side's trainer or group is gone before the next
         if (runs > 1)
           std::printf("    run %d: single / auto %s%s\n", r, ratio_cell({singles.back()}, {autos.back()}).c_str(),
                       fixed_learners > 0

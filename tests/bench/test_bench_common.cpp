@@ -2,6 +2,8 @@
 // their flags are read.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,27 @@ TEST(BenchCommon, ListsAreReadItemByItemAndOnce) {
   EXPECT_EQ(error_of(ints, "2,02"), "--learners: '02' is given twice in '2,02' (as 2)");
   EXPECT_EQ(error_of(ints, "1,+1"), "--learners: '+1' is given twice in '1,+1' (as 1)");
   EXPECT_EQ(error_of(ints, "1,257"), "--learners: expected a whole number from 1 to 256, got '257'");
+}
+
+// Every run times every configuration once; the first in the given order, the later ones so that
+// a configuration does not always follow the same other one (a rotation of one order did: the
+// neighbours stayed the same in every run).
+TEST(BenchCommon, EachRunTimesEveryConfigurationOnceAndNeighboursChange) {
+  constexpr size_t kConfigurations = 5;
+  constexpr int kRuns = 9;
+  EXPECT_EQ(bench::run_order(kConfigurations, 0), (std::vector<size_t>{0, 1, 2, 3, 4}));
+  std::vector<std::set<size_t>> before(kConfigurations);  // the configurations timed right before each
+  for (int run = 0; run < kRuns; ++run) {
+    std::vector<size_t> order = bench::run_order(kConfigurations, run);
+    EXPECT_EQ(order, bench::run_order(kConfigurations, run)) << "run " << run << ": the same every time";
+    for (size_t i = 1; i < order.size(); ++i) before[order[i]].insert(order[i - 1]);
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3, 4})) << "run " << run;
+  }
+  for (size_t c = 0; c < kConfigurations; ++c)
+    EXPECT_GE(before[c].size(), 2u) << "configuration " << c << " always followed the same one in " << kRuns << " runs";
+  EXPECT_TRUE(bench::run_order(0, 3).empty());
+  EXPECT_EQ(bench::run_order(1, 3), (std::vector<size_t>{0}));
 }
 
 }  // namespace
