@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -37,15 +38,18 @@ struct BenchOptions {
   std::vector<int64_t> batches = {16, 64, 256};
   std::vector<int> threads = {1, 2};
   int warmup = 20, steps = 100, runs = 5;
+  double window = 0.0;  // seconds a timed window lasts at least (after `steps` steps)
   std::string output;  // markdown table, written atomically
   std::string peer = QUIVER_TORCH_PEER_PATH;
   bool profile = false;  // print where each grid point's step time goes, by op
+  bool windows = false;  // print each timed window's start and end on the steady clock
+  bool go_on_stdin = false;  // after each warm-up, wait for a line on standard input before timing
   std::string policy = "auto";  // the executor's policy (auto profiles during the warm-up)
   Device device;
 };
 
 constexpr char kOptions[] =
-    "--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile";
+    "--models --batches --threads --warmup --steps --runs --policy --device --output --no-peer --profile --windows --go-on-stdin --window";
 
 BenchOptions parse(int argc, char** argv) {
   BenchOptions o;
@@ -56,8 +60,13 @@ BenchOptions parse(int argc, char** argv) {
       o.peer.clear();
       continue;
     }
-    if (flag == "--profile") {
-      o.profile = true;
+    // The switches, which take no value.
+    bool* on = flag == "--profile"       ? &o.profile
+               : flag == "--windows"     ? &o.windows
+               : flag == "--go-on-stdin" ? &o.go_on_stdin
+                                         : nullptr;
+    if (on != nullptr) {
+      *on = true;
       continue;
     }
     std::string value = bench::flag_value(argc, argv, i, kOptions);
@@ -76,6 +85,8 @@ BenchOptions parse(int argc, char** argv) {
       o.steps = to_int(flag, value);
     } else if (flag == "--runs") {
       o.runs = to_int(flag, value);
+    } else if (flag == "--window") {
+      o.window = to_int(flag, value, 600000) / 1000.0;
     } else if (flag == "--policy") {
       if (value == "fixed")
         throw Error("--policy fixed: not here (it needs --inter/--intra; quiver-bench-policies finds the best pair)");
@@ -123,10 +134,28 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
       for (; warmed < o.warmup; ++warmed) step(warmed);
       // auto profiles and tries schedules first: that is warm-up too, never timed.
       while (trainer.executor() && !trainer.executor()->tuned()) step(warmed++);
+      if (o.go_on_stdin) {  // another process's window starts with this one (process_pairs.py)
+        std::printf("# warmed up\n");
+        std::fflush(stdout);
+        std::string go;
+        if (!std::getline(std::cin, go)) throw Error("--go-on-stdin: standard input ended before the go");
+      }
       auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.steps; ++i) step(warmed + i);
-      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      rates[variant].push_back(o.steps * batch / seconds);
+      auto end = start;
+      int timed = 0;
+      do {
+        step(warmed + timed++);
+        end = std::chrono::steady_clock::now();
+      } while (timed < o.steps || std::chrono::duration<double>(end - start).count() < o.window);
+      double seconds = std::chrono::duration<double>(end - start).count();
+      rates[variant].push_back(timed * batch / seconds);
+      if (o.windows) {  // the steady clock is the system's monotonic one: other processes can compare
+        auto on_clock = [](std::chrono::steady_clock::time_point t) {
+          return std::chrono::duration<double>(t.time_since_epoch()).count();
+        };
+        std::printf("# timed window: %s batch %lld threads %d run %d: %.6f-%.6f s on the steady clock\n",
+                    model.c_str(), static_cast<long long>(batch), threads, run + 1, on_clock(start), on_clock(end));
+      }
       if (options.profile)
         std::printf("profile %s batch %lld threads %d (warm-up and timed steps):\n%s", model.c_str(),
                     static_cast<long long>(batch), threads, trainer.train_plan().profile_report(8).c_str());
@@ -185,6 +214,12 @@ constexpr char kUsage[] =
     "  --warmup N --steps N --runs N   warm-up steps, steps per run, runs (default 20, 100, 5)\n"
     "  --no-peer         do not run the libtorch peer\n"
     "  --profile         print where each grid point's step time goes, by op\n"
+    "  --windows         print each timed window's start and end on the steady clock (the\n"
+    "                    system's monotonic clock; scripts/process_pairs.py checks overlap)\n"
+    "  --window MS       a timed window goes on after its --steps until it has lasted MS\n"
+    "                    milliseconds (default: exactly --steps steps)\n"
+    "  --go-on-stdin     after each warm-up print '# warmed up' and wait for a line on standard\n"
+    "                    input before timing (process_pairs.py starts two processes' windows at once)\n"
     "  --output FILE     also write the table there (atomically)\n";
 
 int main(int argc, char** argv) {
@@ -200,8 +235,9 @@ int main(int argc, char** argv) {
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
   const std::string setting =
       o.device.is_cpu() ? cat("policy ", o.policy) : cat("one CUDA stream on ", o.device.str());
-  std::printf("# training throughput, samples/s (median of %d runs of %d steps, %d warm-up steps), %s, %d cores%s\n",
-              o.runs, o.steps, o.warmup, setting.c_str(), available_cores(),
+  const std::string window = o.window > 0.0 ? cat(" and at least ", static_cast<int>(1000 * o.window + 0.5), " ms") : "";
+  std::printf("# training throughput, samples/s (median of %d runs of %d steps%s, %d warm-up steps), %s, %d cores%s\n",
+              o.runs, o.steps, window.c_str(), o.warmup, setting.c_str(), available_cores(),
               peer ? ", libtorch peer in the same run" : ", no libtorch peer");
   auto ratio = [](double a, double b) { return bench::fixed(a / b); };
   // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
