@@ -9,6 +9,8 @@
 // one learner, one stream), SMA on a sync stream ordered by events.
 // --staleness LIST: the learner configurations (and the tuner) once per clock gate, 0 being
 // synchronous rounds; a timed window ends when every learner has finished its rounds.
+// --sync-periods LIST: the same once per sync period (SMA every N rounds, 1 being every round),
+// side by side in one run; with synchronous rounds only.
 // Around every run it probes how far apart the host has put the first two cores
 // (runtime/placement.h) and counts the runs that ran far apart.
 #include <chrono>
@@ -33,9 +35,17 @@ namespace {
 
 using namespace quiver;
 
+// How the learners of one row keep in step: a clock gate (staleness) and a sync period.
+struct Gate {
+  int staleness = 0;
+  int sync_period = 1;
+};
+
 struct Options : bench::GridOptions {
   std::vector<int> learners = {1, 2, 3, 4};
   std::vector<int> staleness = {0};
+  std::vector<int> sync_periods = {1};
+  std::vector<Gate> gates;  // every staleness with every sync period (one of the two lists is {0} or {1})
   double window = 0.25;  // seconds, at least, per timed window
   bool tune_leap = true;  // the tuner's leap over a plateau (LearnerOptions::tune_leap)
   Device device;
@@ -43,7 +53,7 @@ struct Options : bench::GridOptions {
 };
 
 constexpr char kOptions[] =
-    "--models --batches --learners --staleness --device --threads --warmup --steps --runs --window --tune-leap --output";
+    "--models --batches --learners --staleness --sync-periods --device --threads --warmup --steps --runs --window --tune-leap --output";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -68,11 +78,20 @@ Options parse(int argc, char** argv) {
       for (int s : bench::int_list(flag, value, kMaxStaleness, 0)) o.staleness.push_back(s);
       continue;
     }
+    if (flag == "--sync-periods") {
+      o.sync_periods = bench::int_list(flag, value, kMaxSyncPeriod);
+      continue;
+    }
     if (flag != "--learners") throw bench::unknown_option(flag, kOptions);
     o.learners.clear();
     for (int k : bench::int_list(flag, value, 256)) o.learners.push_back(k);
   }
-  bench::check_staleness_on(o.device, std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; }));
+  const bool stale = std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; });
+  bench::check_staleness_on(o.device, stale);
+  if (stale && std::any_of(o.sync_periods.begin(), o.sync_periods.end(), [](int p) { return p > 1; }))
+    throw Error("--sync-periods: a sync period is for synchronous rounds; measure it without --staleness");
+  for (int staleness : o.staleness)
+    for (int period : o.sync_periods) o.gates.push_back(Gate{staleness, period});
   return o;
 }
 
@@ -87,6 +106,8 @@ constexpr char kUsage[] =
     "  --learners LIST   learner counts to measure (default 1,2,3,4)\n"
     "  --staleness LIST  clock gates to measure: 0 = synchronous rounds (default), S > 0 = learners\n"
     "                    up to S rounds apart (CPU only)\n"
+    "  --sync-periods LIST  SMA every N rounds, per N listed (default 1: every round; not with\n"
+    "                    --staleness)\n"
     "  --device D        cpu (default), cuda or cuda:N (a learner is one CUDA stream)\n"
     "  --threads T       CPU threads in all (default: all available cores)\n"
     "  --warmup N --steps N --runs N   warm-up steps, steps per timed round, rounds (default 40, 20, 5)\n"
@@ -104,8 +125,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
     return 2;
   }
-  std::string header = "| model | batch per learner | staleness | single-stream samples/s |";
-  std::string rule = "|---|---|---|---|";
+  std::string header = "| model | batch per learner | staleness | sync period | single-stream samples/s |";
+  std::string rule = "|---|---|---|---|---|";
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
   for (int k : o.learners) header += cat(" ", k, " / single |"), rule += "---|";
   header += " auto chose | auto's pick / best fixed | runs far apart |", rule += "---|---|---|";
@@ -130,17 +151,18 @@ int main(int argc, char** argv) {
         train.profile_cache = "";
         train.device = o.device;
         Trainer single(models::by_name(model), train);
-        // groups[g][i]: o.learners[i] learners under clock gate o.staleness[g].
-        auto options_for = [&](int learners, int threads, int staleness) {
+        // groups[g][i]: o.learners[i] learners under gate o.gates[g].
+        auto options_for = [&](int learners, int threads, Gate gate) {
           LearnerOptions options{learners, threads, SmaOptions{}};
-          options.staleness = staleness;
+          options.staleness = gate.staleness;
+          options.sync_period = gate.sync_period;
           return options;
         };
-        std::vector<std::vector<std::unique_ptr<LearnerGroup>>> groups(o.staleness.size());
-        for (size_t g = 0; g < o.staleness.size(); ++g)
+        std::vector<std::vector<std::unique_ptr<LearnerGroup>>> groups(o.gates.size());
+        for (size_t g = 0; g < o.gates.size(); ++g)
           for (int k : o.learners)
             groups[g].push_back(std::make_unique<LearnerGroup>(
-                models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.staleness[g])));
+                models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.gates[g])));
         // Warm-up, one configuration at a time: `warmup` steps (rounds), then on until its
         // executors (auto policy) have finished profiling and their trials, which for the CNN
         // takes longer than 40 steps; a profiling step is slower than a settled one, and it would
@@ -162,8 +184,9 @@ int main(int argc, char** argv) {
           std::printf("# %s, batch %lld: the single-stream executor chose the %s schedule\n", model.c_str(),
                       static_cast<long long>(batch), executor->chosen_schedule().c_str());
         // Steps per second over a window of at least `steps` steps and `window` seconds. It ends
-        // when every learner has finished its rounds (settle): with a staleness bound a round
-        // returns before the learners behind have run it.
+        // when every learner has finished its rounds (settle: with a staleness bound a round
+        // returns before the learners behind have run it) and, on a GPU, the last round's SMA on
+        // the sync streams (drain), which would otherwise run into the next window.
         auto steps_per_second = [&](auto&& step, auto&& finish) {
           using Clock = std::chrono::steady_clock;
           finish();
@@ -178,7 +201,7 @@ int main(int argc, char** argv) {
           return steps / seconds();
         };
         std::vector<double> single_rates;
-        std::vector<std::map<int, std::vector<double>>> rates(o.staleness.size());
+        std::vector<std::map<int, std::vector<double>>> rates(o.gates.size());
         // Each run times every configuration once, in another order each run (bench::run_order),
         // so no configuration always follows the same one (whose idle threads and cache footprint
         // it would inherit every time).
@@ -194,7 +217,7 @@ int main(int argc, char** argv) {
               rates[g][o.learners[i]].push_back(
                   batch * o.learners[i] *
                   steps_per_second([&](int s) { group.round(data.images_of(s), data.labels_of(s)); },
-                                   [&] { group.settle(); }));
+                                   [&] { group.settle(), group.drain(); }));
             });
         std::vector<double> probes;
         for (int run = 0; run < o.runs; ++run) {
@@ -208,15 +231,16 @@ int main(int argc, char** argv) {
         pool_data.images = data.images;
         pool_data.labels = data.labels;
         pool_data.count = static_cast<int64_t>(data.labels.size());
-        for (size_t g = 0; g < o.staleness.size(); ++g) {
+        for (size_t g = 0; g < o.gates.size(); ++g) {
           std::map<int, std::vector<double>>& rate = rates[g];
-          std::string row = cat("| ", model, " | ", batch, " | ", o.staleness[g], " | ", static_cast<int64_t>(base), " |");
+          std::string row = cat("| ", model, " | ", batch, " | ", o.gates[g].staleness, " | ", o.gates[g].sync_period,
+                                " | ", static_cast<int64_t>(base), " |");
           for (int k : o.learners) row += cat(" ", static_cast<int64_t>(bench::median(rate[k])), " |");
           for (int k : o.learners) row += cat(" ", bench::fixed(bench::median(rate[k]) / base), " |");
           // The tuner (--learners auto) on the same data and clock gate, with quiver-train's
           // ceiling (on the CPU a learner a core at least) and no higher than the most learners
           // measured here; its pick is judged by the fixed configurations' rates measured above.
-          LearnerOptions tuned = options_for(1, o.threads, o.staleness[g]);
+          LearnerOptions tuned = options_for(1, o.threads, o.gates[g]);
           tuned.tune = true;
           tuned.tune_cores = o.threads;
           tuned.tune_leap = o.tune_leap;
@@ -242,7 +266,8 @@ int main(int argc, char** argv) {
           std::printf("%s\n", row.c_str());
           if (far_count > 0 && far_count < o.runs) {
             const double near_base = bench::median(bench::near_only(single_rates, far));
-            std::string note = cat("# ", model, " ", batch, ", staleness ", o.staleness[g], ", the ", o.runs - far_count,
+            std::string note = cat("# ", model, " ", batch, ", staleness ", o.gates[g].staleness, ", sync period ",
+                                   o.gates[g].sync_period, ", the ", o.runs - far_count,
                                    " runs with the cores close together:");
             for (int k : o.learners)
               note += cat(" ", k, " / single ", bench::fixed(bench::median(bench::near_only(rate[k], far)) / near_base), ";");

@@ -130,6 +130,8 @@ constexpr char kUsage[] =
     "  --device D        cpu (default: all cores), cuda or cuda:N (a learner is one CUDA stream)\n"
     "  --staleness S     the learner runs' clock gate: 0 = synchronous rounds (default), S > 0 =\n"
     "                    learners up to S rounds apart (CPU only)\n"
+    "  --sync-period N   the learner runs' SMA every N rounds (default 1: every round; with\n"
+    "                    synchronous rounds only)\n"
     "  --cut-short on|off  the tuner ends a clearly slower configuration's window after a\n"
     "                    quarter of it (default on; off: every window in full)\n"
     "  --bound on|off    the tuner does not run one-thread learners whose samples/s, estimated\n"
@@ -147,7 +149,7 @@ constexpr char kUsage[] =
     "  --output FILE     also write the table there (atomically)\n";
 
 constexpr char kOptions[] =
-    "--models --batch --max-epochs --evals-per-epoch --device --staleness --cut-short --bound --lr-scaling --runs "
+    "--models --batch --max-epochs --evals-per-epoch --device --staleness --sync-period --cut-short --bound --lr-scaling --runs "
     "--fixed --seed --output";
 
 int main(int argc, char** argv) {
@@ -160,6 +162,7 @@ int main(int argc, char** argv) {
   std::string output;
   Device device;
   int staleness = 0;
+  int sync_period = 1;
   bool cut_short = true;
   bool bound = true;
   LrScaling lr_scaling = LrScaling::None;
@@ -199,11 +202,15 @@ int main(int argc, char** argv) {
         seed = static_cast<uint64_t>(bench::to_int(flag, value, std::numeric_limits<int>::max(), 0));
       } else if (flag == "--staleness") {
         staleness = bench::to_int(flag, value, kMaxStaleness, 0);
+      } else if (flag == "--sync-period") {
+        sync_period = bench::to_int(flag, value, kMaxSyncPeriod);
       } else {
         throw bench::unknown_option(flag, kOptions);
       }
     }
     bench::check_staleness_on(device, staleness > 0);
+    if (staleness > 0 && sync_period > 1)
+      throw Error("--sync-period: a sync period is for synchronous rounds; not with --staleness");
     if (device.is_cpu() && fixed_learners > available_cores())
       throw Error(cat("--fixed: ", fixed_learners, " learners need a core each; ", available_cores(), " are available"));
   } catch (const Error& error) {
@@ -248,6 +255,7 @@ int main(int argc, char** argv) {
         learners.threads_per_learner = threads;
         learners.tune = tune;
         learners.staleness = staleness;
+        learners.sync_period = sync_period;
         learners.tune_cut_short = cut_short;
         learners.tune_bound = bound;
         learners.lr_scaling = lr_scaling;
@@ -264,7 +272,8 @@ int main(int argc, char** argv) {
           singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
         };
         auto run_auto = [&] {
-          std::printf("%s, target %.0f%%: learners auto%s\n", name.c_str(), 100 * target, run_name.c_str());
+          std::printf("%s, target %.0f%%: learners auto%s%s\n", name.c_str(), 100 * target,
+                      sync_period > 1 ? cat(", SMA every ", sync_period, " rounds").c_str() : "", run_name.c_str());
           LearnerGroup group(models::by_name(name), options, learner_options(1, available_cores(), true));
           autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
           std::string windows;  // what the tuner measured (or bounded) and kept, for the log

@@ -36,10 +36,12 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   if (command.mu_z >= 0.0) options.sma.mu_z = command.mu_z;
   options.sync = command.sync == "ssgd" ? Sync::Ssgd : Sync::Sma;
   options.staleness = command.staleness;
+  options.sync_period = command.sync_period;
   options.lr_scaling = command.lr_scaling;
   options.tune_cores = command.train.threads;
-  const std::string sync =
-      command.staleness > 0 ? cat(command.sync, ", staleness ", command.staleness, " rounds") : command.sync;
+  const std::string sync = command.staleness > 0     ? cat(command.sync, ", staleness ", command.staleness, " rounds")
+                           : command.sync_period > 1 ? cat(command.sync, " every ", command.sync_period, " rounds")
+                                                     : command.sync;
   options.devices = command.gpus;
   LearnerGroup group(models::by_name(command.model), command.train, options);
   // --epochs and --max-steps count from the start of training: a resumed run trains what is left,

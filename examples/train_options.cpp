@@ -72,7 +72,7 @@ bool takes_value(const std::string& flag) {
   static const char* const kFlags[] = {
       "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
       "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
-      "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--lr-scaling", "--checkpoint",
+      "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--sync-period", "--lr-scaling", "--checkpoint",
       "--resume", "--profile-cache", "--trace", "--data"};
   for (const char* known : kFlags)
     if (flag == known) return true;
@@ -163,6 +163,9 @@ std::string train_usage() {
          "  --staleness S          with --sync sma on the CPU: learners may be up to S rounds\n"
          "                         apart, each folding its correction into the average model as\n"
          "                         it finishes (default 0: synchronous rounds)\n"
+         "  --sync-period N        with --sync sma and synchronous rounds: average every N\n"
+         "                         rounds, the rounds between local steps (default 1: every\n"
+         "                         round, as Crossbow does)\n"
          "  --lr-scaling none|linear|sqrt  with --learners: linear trains k learners at k x --lr\n"
          "                         (the linear scaling rule), sqrt at sqrt(k) x --lr; default\n"
          "                         none: every learner at --lr\n"
@@ -294,6 +297,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       sync_given = true;
     } else if (flag == "--staleness") {
       command.staleness = static_cast<int>(parse_int(flag, value, 0, kMaxStaleness));
+    } else if (flag == "--sync-period") {
+      command.sync_period = static_cast<int>(parse_int(flag, value, 1, kMaxSyncPeriod));
     } else if (flag == "--lr-scaling") {
       try {
         command.lr_scaling = parse_lr_scaling(value);
@@ -355,6 +360,11 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     throw Error("--staleness: synchronous SGD averages every round's gradients; use --sync sma");
   if (command.staleness > 0 && !command.train.device.is_cpu())
     throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+  if (!multi && command.sync_period > 1) throw Error("--sync-period: only with --learners");
+  if (command.sync_period > 1 && command.sync == "ssgd")
+    throw Error("--sync-period: synchronous SGD averages every round's gradients; use --sync sma");
+  if (command.sync_period > 1 && command.staleness > 0)
+    throw Error("--sync-period: a staleness bound folds every round's corrections in; use one or the other");
   if (!multi && !command.checkpoint.empty())
     throw Error("--checkpoint: only with --learners (for one model, --learners 1 trains exactly as without it)");
   if (!multi && !command.resume.empty())

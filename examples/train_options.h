@@ -25,6 +25,7 @@ struct TrainCommand {
   double mu_z = -1.0;             // SMA: momentum of the average model's move; negative: 0.9
   std::string sync = "sma";
   int staleness = 0;              // the clock gate: learners up to this many rounds apart (0: synchronous)
+  int sync_period = 1;            // SMA every this many rounds (1: every round)
   LrScaling lr_scaling = LrScaling::None;  // --lr-scaling: how k learners' lr follows k
   int gpus = 1;  // with --device cuda and --learners: learners spread over this many GPUs
   std::string checkpoint;  // with --learners: save the average model here after training

@@ -92,6 +92,12 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
     if (!train_.device.is_cpu())
       throw Error(cat("staleness: a staleness bound runs on CPU learners only for now, not on ", train_.device.str()));
   }
+  if (options.sync_period < 1 || options.sync_period > kMaxSyncPeriod)
+    throw Error(cat("sync period: must be in [1, ", kMaxSyncPeriod, "] rounds, got ", options.sync_period));
+  if (options.sync_period > 1 && options.sync == Sync::Ssgd)
+    throw Error("sync period: synchronous SGD averages every round's gradients; a sync period needs --sync sma");
+  if (options.sync_period > 1 && options.staleness > 0)
+    throw Error("sync period: a staleness bound absorbs every learner's correction each round; use one or the other");
   TrainOptions average = train_;
   average.policy = "";  // evaluation only: no executor
   // z is evaluated while the learners wait: on the group's cores, not one learner's share.
@@ -313,8 +319,10 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   // SMA on the CPU then runs where the steps ran: the learners meet (a Rendezvous) and each takes
   // a share of the pass on its own threads. A pool woken for the pass instead cost the MLP at
   // batch 16 a fifth of its samples/s (docs/benchmarks.md, "The SMA pass on the learners' threads").
-  const bool snapshot = needs_snapshot() && !alone();
-  const bool shared_sma = sma_ && options_.sync == Sync::Sma && !alone();
+  // Under a sync period the rounds between its sync rounds are local steps: no meeting, no SMA.
+  const bool sync_round = options_.sync != Sync::Sma || (rounds_done_ + 1) % options_.sync_period == 0;
+  const bool snapshot = needs_snapshot() && !alone() && sync_round;
+  const bool shared_sma = sma_ && options_.sync == Sync::Sma && !alone() && sync_round;
   const int k = static_cast<int>(learners_.size());
   std::vector<Tensor> params, others;  // w_j, and v_j (sma_from_velocity) or s_j
   for (auto& learner : learners_) {
@@ -384,7 +392,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   } else if (options_.sync == Sync::Ssgd) {
     ssgd_update();
     trace_group_work("ssgd update", "sync", sync_start, this_round);
-  } else if (device_sma_) {
+  } else if (device_sma_ && sync_round) {
     std::vector<const ExecContext*> streams;
     for (auto& learner : learners_) streams.push_back(&learner->trainer->train_plan().context());
     device_sma_->round(streams, params, others);

@@ -57,6 +57,8 @@ enum class Sync { Sma, Ssgd };
 
 // The largest staleness bound: a round's batches are kept until no learner can still need them.
 constexpr int kMaxStaleness = 64;
+// The longest sync period (LearnerOptions::sync_period), in rounds.
+constexpr int kMaxSyncPeriod = 1000;
 
 // How k learners' learning rate follows k (one learner, and so single-stream, is never changed).
 // k learners of batch b move z about as one model of batch k x b would (docs/benchmarks.md, "What
@@ -111,6 +113,14 @@ struct LearnerOptions {
   // The clock gate: 0 = synchronous rounds; s > 0 = a learner may be up to s rounds behind the
   // caller (CPU learners under SMA; see the top of this file).
   int staleness = 0;
+  // SMA every this many rounds (synchronous rounds only): the rounds between are local steps,
+  // with neither the learners' meeting nor SMA's pass, and a sync round's correction takes each
+  // replica as it was before that round's step, as every round's does at 1 (the default, the
+  // rule of DESIGN.md). Longer periods spend fewer passes over the parameters per sample (at
+  // batch 16 on 2 cores the MLP's pass is a quarter to a third of a round), but z moves only
+  // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
+  // the samples to 85% (docs/benchmarks.md, "A sync period").
+  int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.
   LrScaling lr_scaling = LrScaling::None;
@@ -201,6 +211,9 @@ class LearnerGroup {
   // Waits until every learner has run every round given to it (a no-op for synchronous rounds)
   // and rethrows a learner's error. Everything that reads z or the replicas calls it first.
   void settle() const;
+  // On devices: waits until the sync streams are idle, the last round's SMA done (before z is
+  // read or replaced, and at the end of a timed window). Nothing to wait for on the CPU.
+  void drain();
 
  private:
   struct Learner {
@@ -254,7 +267,6 @@ class LearnerGroup {
   // One learner's batch on the host: its images and labels.
   int64_t batch_bytes() const { return batch_ * (features_ * int64_t{sizeof(float)} + int64_t{sizeof(int32_t)}); }
   mutable bool average_stale_ = false;
-  void drain();  // on devices: waits until the sync streams are idle (before z is read or replaced)
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;
   int64_t epoch_samples_done_ = 0;

@@ -27,11 +27,14 @@ def read_table(path):
     order = sorted(range(len(ks)), key=lambda i: ks[i])
     first = header.index("single-stream samples/s")
     gated = "staleness" in header
+    period = header.index("sync period") if "sync period" in header else None  # tables since 2026-11-27
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) < first + 1 + len(ks):
             raise ValueError(f"{path}: row '{line}' has {len(cells)} cells, the header {len(header)}")
         name = f"{cells[0]} b{cells[1]}" + (f" s{cells[2]}" if gated else "")
+        if period is not None and cells[period] != "1":
+            name += f" p{cells[period]}"  # SMA every that many rounds
 
         def rate(cell, column):
             """A samples/s cell as a finite, positive number: an inf or nan would draw nothing."""

@@ -28,6 +28,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_TRUE(parse_train_command({"--help"}).help);
   EXPECT_EQ(parse_train_command({"--learners", "3", "--staleness", "2"}).staleness, 2);
   EXPECT_EQ(parse_train_command({"--learners", "3"}).staleness, 0);
+  EXPECT_EQ(parse_train_command({"--learners", "3", "--sync-period", "4"}).sync_period, 4);
+  EXPECT_EQ(parse_train_command({"--learners", "3"}).sync_period, 1);
   EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "linear"}).lr_scaling, LrScaling::Linear);
   EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "sqrt"}).lr_scaling, LrScaling::Sqrt);
   EXPECT_EQ(parse_train_command({"--learners", "2", "--lr-scaling", "none"}).lr_scaling, LrScaling::None);
@@ -173,6 +175,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--learners", "1", "--staleness", "3"}, "--staleness"},
+                      BadFlag{{"--sync-period", "2"}, "--sync-period"},
+                      BadFlag{{"--learners", "2", "--sync-period", "0"}, "--sync-period"},
+                      BadFlag{{"--learners", "2", "--sync-period", "1001"}, "--sync-period"},
+                      BadFlag{{"--learners", "2", "--sync", "ssgd", "--sync-period", "2"}, "--sync-period"},
+                      BadFlag{{"--learners", "2", "--staleness", "1", "--sync-period", "2"}, "--sync-period"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--sync", "ssgd"}, "--sync"},
                       BadFlag{{"--optimizer", "adam", "--momentum", "0.5"}, "--momentum"},
                       BadFlag{{"--learners", "2", "--checkpoint", "/nonexistent/dir/z.ckpt"}, "--checkpoint"},

@@ -29,6 +29,26 @@ using learner_test::small_dataset;
 using learner_test::stale;
 using learner_test::step_named;
 
+// The textbook's side of two CPU learners of batch 8: two plain trainers, each stepping on its
+// half of a round's samples; `params` and `snapshots` (from before the last step) are what
+// SmaSync::round() averages.
+struct PlainPair {
+  explicit PlainPair(const ModelSpec& model) {
+    for (int j = 0; j < 2; ++j) trainers.push_back(std::make_unique<Trainer>(model, recipe()));
+  }
+  void step(const Batches& data) {
+    params.clear(), snapshots.clear();
+    for (int j = 0; j < 2; ++j) {
+      params.push_back(trainers[j]->params().flat_params());
+      snapshots.push_back(copy_of(params[j]));
+      trainers[j]->train_step(data.images.data() + j * 8 * 784, data.labels.data() + j * 8);
+    }
+  }
+  const Tensor& w(int j) const { return trainers[j]->params().flat_params(); }
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  std::vector<Tensor> params, snapshots;
+};
+
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
 TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
   Batches data(8);
@@ -53,19 +73,13 @@ TEST(Learners, SmaRoundsEqualPlainSgdStepsAndTheTextbookRound) {
   for (const ModelSpec& model : {models::mlp(), models::cnn(), models::lstm()}) {
     Batches data(2 * 8, 23);
     LearnerGroup group(model, recipe(), LearnerOptions{2, 1, SmaOptions{0.5, 0.9}});
-    std::vector<std::unique_ptr<Trainer>> plain;
-    for (int j = 0; j < 2; ++j) plain.push_back(std::make_unique<Trainer>(model, recipe()));
+    PlainPair plain(model);
     Tensor z = copy_of(group.average());
     SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
     for (int round = 0; round < 3; ++round) {
       group.round(data.images.data(), data.labels.data());
-      std::vector<Tensor> params, snapshots;
-      for (int j = 0; j < 2; ++j) {
-        params.push_back(plain[j]->params().flat_params());
-        snapshots.push_back(copy_of(params[j]));
-        plain[j]->train_step(data.images.data() + j * 8 * 784, data.labels.data() + j * 8);
-      }
-      textbook.round(params, snapshots);
+      plain.step(data);
+      textbook.round(plain.params, plain.snapshots);
     }
     const Tensor& average = group.average();
     ASSERT_EQ(average.numel(), z.numel());
@@ -73,11 +87,49 @@ TEST(Learners, SmaRoundsEqualPlainSgdStepsAndTheTextbookRound) {
     for (int64_t i = 0; i < z.numel(); ++i) {
       ASSERT_NEAR(average.f32()[i], z.f32()[i], 1e-6) << model.name << ": z[" << i << "]";
       for (int j = 0; j < 2; ++j)
-        ASSERT_NEAR(group.replica(j).flat_params().f32()[i], plain[j]->params().flat_params().f32()[i], 1e-6)
+        ASSERT_NEAR(group.replica(j).flat_params().f32()[i], plain.w(j).f32()[i], 1e-6)
             << model.name << ": w" << j << "[" << i << "]";
-      moved += std::abs(z.f32()[i] - plain[0]->params().flat_params().f32()[i]);
+      moved += std::abs(z.f32()[i] - plain.w(0).f32()[i]);
     }
     EXPECT_GT(moved, 0.0) << model.name << ": the replicas never left z";
+  }
+}
+
+// Under a sync period of 3, rounds 1-2 and 4-5 are the learners' own steps, and rounds 3 and 6 end
+// with the textbook round over each replica's snapshot from before that round's step: the same
+// plain trainers and SmaSync::round(), applied every third round only.
+TEST(Learners, ASyncPeriodAveragesEveryNthRoundOnly) {
+  for (const ModelSpec& model : {models::mlp(), models::lstm()}) {
+    Batches data(2 * 8, 29);
+    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
+    options.sync_period = 3;
+    LearnerGroup group(model, recipe(), options);
+    PlainPair plain(model);
+    Tensor z = copy_of(group.average());
+    const Tensor start = copy_of(z);
+    SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
+    for (int round = 1; round <= 6; ++round) {
+      group.round(data.images.data(), data.labels.data());
+      plain.step(data);
+      if (round % 3 == 0) textbook.round(plain.params, plain.snapshots);
+      // Between sync rounds z stays where the last one left it.
+      const Tensor& average = group.average();
+      for (int64_t i = 0; i < z.numel(); ++i)
+        ASSERT_NEAR(average.f32()[i], z.f32()[i], 1e-6) << model.name << ", round " << round << ": z[" << i << "]";
+      for (int j = 0; j < 2; ++j)
+        for (int64_t i = 0; i < z.numel(); ++i)
+          ASSERT_NEAR(group.replica(j).flat_params().f32()[i], plain.w(j).f32()[i], 1e-6)
+              << model.name << ", round " << round << ": w" << j << "[" << i << "]";
+    }
+    // z moved twice, and differs from a replica (a sync period that skipped every SMA would leave z
+    // at its start; one that never corrected would leave the replicas apart from the textbook's).
+    double moved = 0.0, apart = 0.0;
+    for (int64_t i = 0; i < z.numel(); ++i) {
+      moved += std::abs(z.f32()[i] - start.f32()[i]);
+      apart += std::abs(z.f32()[i] - plain.w(0).f32()[i]);
+    }
+    EXPECT_GT(moved, 0.0) << model.name << ": z never moved";
+    EXPECT_GT(apart, 0.0) << model.name;
   }
 }
 
@@ -216,6 +268,23 @@ TEST(Learners, ErrorsAreClear) {
     FAIL() << "more learners than one GPU's SMA round takes";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("per GPU"), std::string::npos) << error.what();
+  }
+  // A sync period: at least one round, SMA's only, not with a staleness bound.
+  LearnerOptions period{2, 1, SmaOptions{}};
+  period.sync_period = 0;
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
+  period.sync_period = kMaxSyncPeriod + 1;
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
+  period.sync_period = 2;
+  period.staleness = 1;
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
+  period.staleness = 0;
+  period.sync = Sync::Ssgd;
+  try {
+    LearnerGroup group(models::mlp(), recipe(), period);
+    FAIL() << "a sync period under synchronous SGD";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("sync period"), std::string::npos) << error.what();
   }
   LearnerOptions negative_warmup{1, 1, SmaOptions{}};
   negative_warmup.tune_warmup_seconds = -1.0;
