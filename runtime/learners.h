@@ -119,7 +119,7 @@ struct LearnerOptions {
   // rule of DESIGN.md). Longer periods spend fewer passes over the parameters per sample (at
   // batch 16 on 2 cores the MLP's pass is a quarter to a third of a round), but z moves only
   // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
-  // the samples to 85% (docs/benchmarks.md, "A sync period").
+  // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
   int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.
