@@ -676,6 +676,21 @@ double Executor::trial_step_seconds(const std::string& schedule) const {
   return -1.0;
 }
 
+std::string Executor::trial_summary() const {
+  if (options_.policy != Policy::Auto || (!tuned_ && trials_done_ == 0) || candidate_grants_.size() < 2 ||
+      chosen_trial_seconds_.size() < candidate_grants_.size())
+    return "";
+  std::string verdicts;
+  for (int v : chosen_verdicts_) verdicts += cat(verdicts.empty() ? "" : ", ", candidate_names_[v]);
+  std::string text = cat("schedule: ", candidate_names_[chosen_], " (trial ", trials_done_, ", its blocks chose ",
+                         verdicts, "; in the last block, median step time over ", chosen_trial_seconds_[0].size(),
+                         " steps each:");
+  for (size_t c = 0; c < candidate_grants_.size(); ++c)
+    text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(chosen_trial_seconds_[c])) / 100.0,
+                " ms");
+  return text + (options_.retrial_seconds > 0.0 ? cat("; tried again every ", options_.retrial_seconds, " s)") : ")");
+}
+
 std::vector<double> Executor::schedule_errors() const {
   std::vector<double> errors;
   if (!profiled_) return errors;
@@ -698,15 +713,8 @@ std::string Executor::explain() const {
                                : cat("profiled over ", profile_schedule_.size(), " steps (", options_.profile_samples,
                                      " samples per op and thread count after ", options_.profile_warmup,
                                      " warm-up steps)\n");
-  if (candidate_grants_.size() > 1) {
-    std::string verdicts;
-    for (int v : chosen_verdicts_) verdicts += cat(verdicts.empty() ? "" : ", ", candidate_names_[v]);
-    text += cat("schedule: ", candidate_names_[chosen_], " (trial ", trials_done_, ", its blocks chose ", verdicts,
-                "; in the last block, median step time over ", chosen_trial_seconds_[0].size(), " steps each:");
-    for (size_t c = 0; c < candidate_grants_.size(); ++c)
-      text += cat(" ", candidate_names_[c], " ", static_cast<int>(1e5 * median_of(chosen_trial_seconds_[c])) / 100.0,
-                  " ms");
-    text += options_.retrial_seconds > 0.0 ? cat("; tried again every ", options_.retrial_seconds, " s)\n") : ")\n";
+  if (const std::string summary = trial_summary(); !summary.empty()) {
+    text += summary + "\n";
     if (!tuned_) text += "(a new trial is under way: the grants below are its current candidate's)\n";
   }
   std::vector<std::vector<std::string>> rows = {

@@ -406,11 +406,16 @@ TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
   const size_t at = report.find(" serial ", report.find("median step time"));
   ASSERT_NE(at, std::string::npos) << report;
   EXPECT_NEAR(1e3 * executor.trial_step_seconds("serial"), std::stod(report.substr(at + 8)), 0.011) << report;
+  // trial_summary() is that line of the report, alone (the benches print it).
+  const std::string summary = executor.trial_summary();
+  EXPECT_EQ(summary.rfind("schedule: " + executor.chosen_schedule() + " (trial 1, its blocks chose ", 0), 0u) << summary;
+  EXPECT_NE(report.find(summary + "\n"), std::string::npos) << report;
   EXPECT_LT(executor.trial_step_seconds("bogus"), 0.0);
   ExecutorOptions serial;
   Executor plain(trainer->train_plan(), serial);  // no candidates to try
   plain.run();
   EXPECT_LT(plain.trial_step_seconds("serial"), 0.0);
+  EXPECT_EQ(plain.trial_summary(), "");
 }
 
 // explain()'s table keeps its columns in line whatever the names: a node named longer than the
