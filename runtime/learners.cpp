@@ -489,7 +489,12 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
   // Training time, evaluations of z taken out: samples/s and the tuner's windows do not count them.
-  FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_, [this] { settle(); });
+  // Before an evaluation the learners settle and, on a GPU, the last round's SMA finishes on the
+  // clock (the evaluation would otherwise wait for it off the clock).
+  FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_, [this] {
+    settle();
+    drain();
+  });
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
   check_samples_fit(model_, train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");
