@@ -149,8 +149,8 @@ constexpr char kUsage[] =
     "  --output FILE     also write the table there (atomically)\n";
 
 constexpr char kOptions[] =
-    "--models --batch --max-epochs --evals-per-epoch --device --staleness --sync-period --cut-short --bound --lr-scaling --runs "
-    "--fixed --seed --output";
+    "--models --batch --max-epochs --evals-per-epoch --device --staleness --sync-period --cut-short --bound "
+    "--lr-scaling --runs --fixed --seed --output";
 
 int main(int argc, char** argv) {
   quiver::bench::line_buffered_output();
@@ -231,8 +231,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     const int fixed_threads = std::max(1, available_cores() / std::max(1, fixed_learners));
-    const std::string fixed_name = cat(bench::configuration_cell(fixed_learners, fixed_threads, device), " fixed");
-    std::string table = "| model | target | single-stream | learners auto | auto's choice | single / auto |";
+    // The learner runs' sync period, in their names (the log's lines and the table's columns).
+    const std::string every = sync_period > 1 ? cat(", SMA every ", sync_period, " rounds") : std::string();
+    const std::string fixed_name = cat(bench::configuration_cell(fixed_learners, fixed_threads, device), " fixed", every);
+    std::string table = cat("| model | target | single-stream | learners auto", every, " | auto's choice | single / auto |");
     table += fixed_learners > 0 ? cat(" ", fixed_name, " | single / fixed |\n|---|---|---|---|---|---|---|---|\n")
                                 : std::string("\n|---|---|---|---|---|---|\n");
     for (const std::string& name : names) {
@@ -272,8 +274,8 @@ int main(int argc, char** argv) {
           singles.push_back(run(single, [&] { return single.fit(train, &test); }, target, per_epoch));
         };
         auto run_auto = [&] {
-          std::printf("%s, target %.0f%%: learners auto%s%s\n", name.c_str(), 100 * target,
-                      sync_period > 1 ? cat(", SMA every ", sync_period, " rounds").c_str() : "", run_name.c_str());
+          std::printf("%s, target %.0f%%: learners auto%s%s\n", name.c_str(), 100 * target, every.c_str(),
+                      run_name.c_str());
           LearnerGroup group(models::by_name(name), options, learner_options(1, available_cores(), true));
           autos.push_back(run(group, [&] { return group.fit(train, &test, max_epochs); }, target, per_epoch));
           std::string windows;  // what the tuner measured (or bounded) and kept, for the log

@@ -72,8 +72,8 @@ bool takes_value(const std::string& flag) {
   static const char* const kFlags[] = {
       "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
       "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
-      "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--sync-period", "--lr-scaling", "--checkpoint",
-      "--resume", "--profile-cache", "--trace", "--data"};
+      "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--sync-period",
+      "--lr-scaling", "--checkpoint", "--resume", "--profile-cache", "--trace", "--data"};
   for (const char* known : kFlags)
     if (flag == known) return true;
   return false;
@@ -361,6 +361,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   if (command.staleness > 0 && !command.train.device.is_cpu())
     throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
   if (!multi && command.sync_period > 1) throw Error("--sync-period: only with --learners");
+  if (command.sync_period > 1 && command.learners == 1 && !command.learners_auto && command.alpha < 0.0)
+    throw Error("--sync-period: one learner with the default --alpha has no average to sync (2+ learners, or auto)");
   if (command.sync_period > 1 && command.sync == "ssgd")
     throw Error("--sync-period: synchronous SGD averages every round's gradients; use --sync sma");
   if (command.sync_period > 1 && command.staleness > 0)

@@ -160,8 +160,8 @@ class Executor {
   std::string explain() const;
   // auto, once a trial has chosen: one line on the choice ("schedule: intra (trial 1, its blocks
   // chose intra, intra; in the last block, median step time ...: model 1.2 ms intra 1.1 ms ...)"),
-  // as explain() begins, also for a schedule adopted with its trial's figures; empty before a
-  // trial and where there are no candidates to try.
+  // the line explain() prints about it, also for a schedule adopted with its trial's figures;
+  // empty before a trial and where there are no candidates to try.
   std::string trial_summary() const;
 
  private:

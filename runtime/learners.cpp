@@ -624,16 +624,21 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           ++measured_rounds;
           measured_samples += k * batch_;
         }
-        const bool window_done = warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
+        // Under a sync period a window ends on a sync round only: the resize that may follow
+        // starts every replica from z, which then holds every step trained (and a window holds
+        // whole periods).
+        const bool at_sync = rounds_done_ % options_.sync_period == 0;
+        const bool window_done = at_sync && warmup_rounds == 0 && measured_rounds >= options_.tune_window &&
                                  measuring_seconds() >= options_.tune_window_seconds;
         // A clear loss may end its window after a quarter of it. (Under a staleness bound the rate
         // here counts rounds handed out, some not yet trained; settle() below only lowers it.)
         const bool cut_short =
-            !window_done && options_.tune_cut_short && warmup_rounds == 0 &&
+            !window_done && at_sync && options_.tune_cut_short && warmup_rounds == 0 &&
             4 * measured_rounds >= options_.tune_window && 4 * measuring_seconds() >= options_.tune_window_seconds &&
             tuner->losing(static_cast<double>(measured_samples) / std::max(measuring_seconds(), 1e-9));
         if (window_done || cut_short) {
           settle();  // under a staleness bound, count only the samples that have been trained on
+          drain();   // on a GPU, with the window's last SMA pass
           const double rate = static_cast<double>(measured_samples) / measuring_seconds();
           if (window_done)
             tuner->measured(rate);
@@ -691,7 +696,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       ++epochs_done_, epoch_samples_done_ = 0;
       continue;
     }
-    settle();  // the epoch's samples/s count finished steps only
+    settle();  // the epoch's samples/s count finished steps only (and, on a GPU, SMA's last pass)
+    drain();
     epoch_report.steps = epoch_rounds;
     epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_rounds);

@@ -120,6 +120,8 @@ struct LearnerOptions {
   // batch 16 on 2 cores the MLP's pass is a quarter to a third of a round), but z moves only
   // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
   // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
+  // resize() and reset_replicas() start the replicas from z as of the last sync; the tuner ends
+  // its windows on sync rounds, so its resizes drop no steps.
   int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.

@@ -176,6 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--learners", "1", "--staleness", "3"}, "--staleness"},
                       BadFlag{{"--sync-period", "2"}, "--sync-period"},
+                      BadFlag{{"--learners", "1", "--sync-period", "2"}, "--sync-period: one learner"},
                       BadFlag{{"--learners", "2", "--sync-period", "0"}, "--sync-period"},
                       BadFlag{{"--learners", "2", "--sync-period", "1001"}, "--sync-period"},
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--sync-period", "2"}, "--sync-period"},

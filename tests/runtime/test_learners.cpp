@@ -33,8 +33,8 @@ using learner_test::step_named;
 // half of a round's samples; `params` and `snapshots` (from before the last step) are what
 // SmaSync::round() averages.
 struct PlainPair {
-  explicit PlainPair(const ModelSpec& model) {
-    for (int j = 0; j < 2; ++j) trainers.push_back(std::make_unique<Trainer>(model, recipe()));
+  explicit PlainPair(const ModelSpec& model, const TrainOptions& train = recipe()) {
+    for (int j = 0; j < 2; ++j) trainers.push_back(std::make_unique<Trainer>(model, train));
   }
   void step(const Batches& data) {
     params.clear(), snapshots.clear();
@@ -97,14 +97,20 @@ TEST(Learners, SmaRoundsEqualPlainSgdStepsAndTheTextbookRound) {
 
 // Under a sync period of 3, rounds 1-2 and 4-5 are the learners' own steps, and rounds 3 and 6 end
 // with the textbook round over each replica's snapshot from before that round's step: the same
-// plain trainers and SmaSync::round(), applied every third round only.
+// plain trainers and SmaSync::round(), applied every third round only. With momentum SGD the
+// group recovers the snapshot from the velocity; with Adam it copies one before a sync round's step.
 TEST(Learners, ASyncPeriodAveragesEveryNthRoundOnly) {
-  for (const ModelSpec& model : {models::mlp(), models::lstm()}) {
+  TrainOptions adam = recipe();
+  adam.optimizer = "adam";
+  adam.learning_rate = 1e-3;
+  for (const auto& [model, train] : {std::pair{models::mlp(), recipe()}, std::pair{models::lstm(), recipe()},
+                                     std::pair{models::mlp(), adam}}) {
+    SCOPED_TRACE(model.name + ", " + train.optimizer);
     Batches data(2 * 8, 29);
     LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
     options.sync_period = 3;
-    LearnerGroup group(model, recipe(), options);
-    PlainPair plain(model);
+    LearnerGroup group(model, train, options);
+    PlainPair plain(model, train);
     Tensor z = copy_of(group.average());
     const Tensor start = copy_of(z);
     SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
@@ -270,22 +276,21 @@ TEST(Learners, ErrorsAreClear) {
     EXPECT_NE(std::string(error.what()).find("per GPU"), std::string::npos) << error.what();
   }
   // A sync period: at least one round, SMA's only, not with a staleness bound.
-  LearnerOptions period{2, 1, SmaOptions{}};
-  period.sync_period = 0;
-  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
-  period.sync_period = kMaxSyncPeriod + 1;
-  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
-  period.sync_period = 2;
-  period.staleness = 1;
-  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), period), Error);
-  period.staleness = 0;
-  period.sync = Sync::Ssgd;
-  try {
-    LearnerGroup group(models::mlp(), recipe(), period);
-    FAIL() << "a sync period under synchronous SGD";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("sync period"), std::string::npos) << error.what();
-  }
+  auto period_error = [](int sync_period, int staleness, Sync sync) {
+    LearnerOptions period{2, 1, SmaOptions{}};
+    period.sync_period = sync_period, period.staleness = staleness, period.sync = sync;
+    try {
+      LearnerGroup group(models::mlp(), recipe(), period);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(period_error(0, 0, Sync::Sma), "sync period: must be in [1, 1000] rounds, got 0");
+  EXPECT_EQ(period_error(kMaxSyncPeriod + 1, 0, Sync::Sma), "sync period: must be in [1, 1000] rounds, got 1001");
+  EXPECT_NE(period_error(2, 1, Sync::Sma).find("sync period: a staleness bound"), std::string::npos);
+  EXPECT_NE(period_error(2, 0, Sync::Ssgd).find("sync period: synchronous SGD"), std::string::npos);
+  EXPECT_EQ(period_error(2, 0, Sync::Sma), "no error");
   LearnerOptions negative_warmup{1, 1, SmaOptions{}};
   negative_warmup.tune_warmup_seconds = -1.0;
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), negative_warmup), Error);
@@ -464,6 +469,29 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   }
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
+}
+
+// Under a sync period the tuner ends its windows on sync rounds only, so the resize after one
+// starts the replicas from a z that holds every step trained. An epoch of two batches ends right
+// after a resize from one learner to two (and a round of two is a whole epoch), so the epoch's
+// callback sees the round the group was resized after.
+TEST(Learners, UnderASyncPeriodTheTunerResizesAfterSyncRoundsOnly) {
+  LearnerOptions options = quick_tuning(2);
+  options.tune_cores = 2;
+  options.tune_bound = false;  // 2 x 1 is run, not bounded
+  options.sync_period = 7;
+  LearnerGroup group(models::mlp(), recipe(), options);
+  int learners = group.learners(), resizes = 0;
+  group.on_epoch([&](const EpochReport&) {
+    if (group.learners() != learners) {
+      ++resizes;
+      EXPECT_EQ(group.rounds_done() % 7, 0) << "resized to " << group.learners() << " after round " << group.rounds_done();
+      learners = group.learners();
+    }
+    return true;
+  });
+  group.fit(small_dataset(2 * 8, 3), nullptr, 200);
+  EXPECT_GE(resizes, 1);
 }
 
 // One-thread learners are not run when the serial step the lone learner's executor measured bounds

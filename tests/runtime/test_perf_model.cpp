@@ -395,6 +395,7 @@ TEST(PerfModel, AutoReportsEachCandidatesStepTimeFromItsLastTrial) {
   options.trial_seconds = 0.0;
   Executor executor(trainer->train_plan(), options);
   EXPECT_LT(executor.trial_step_seconds("serial"), 0.0);
+  EXPECT_EQ(executor.trial_summary(), "");  // no trial yet
   for (int step = 0; step < 1000 && executor.trials_done() == 0; ++step) executor.run();
   ASSERT_EQ(executor.trials_done(), 1);
   for (const char* schedule : {"model", "intra", "narrow", "serial"}) {
