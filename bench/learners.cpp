@@ -183,10 +183,12 @@ int main(int argc, char** argv) {
           }
         // With the trial's figures: a single-stream that settled on a slow schedule (an LSTM on
         // serial at 0.64x, 2026-11-27) shows what its trial measured.
-        if (const Executor* executor = single.executor(); executor && executor->policy() == Policy::Auto)
+        if (const Executor* executor = single.executor(); executor && executor->policy() == Policy::Auto) {
+          std::string summary = executor->trial_summary();
+          if (summary.empty()) summary = cat("schedule: ", executor->chosen_schedule());  // no candidates to try
           std::printf("# %s, batch %lld: the single-stream executor's %s\n", model.c_str(), static_cast<long long>(batch),
-                      executor->trial_summary().empty() ? cat("schedule: ", executor->chosen_schedule()).c_str()
-                                                        : executor->trial_summary().c_str());
+                      summary.c_str());
+        }
         // Steps per second over a window of at least `steps` steps and `window` seconds. It ends
         // when every learner has finished its rounds (settle: with a staleness bound a round
         // returns before the learners behind have run it) and, on a GPU, the last round's SMA on
