@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,13 @@ void expect_close(const Tensor& actual, const Tensor& expected, double tolerance
   ASSERT_EQ(a.numel(), e.numel()) << what;
   for (int64_t i = 0; i < a.numel(); ++i)
     ASSERT_NEAR(a.f32()[i], e.f32()[i], tolerance * (1.0 + std::fabs(e.f32()[i]))) << what << "[" << i << "]";
+}
+
+double largest_difference(const Tensor& a, const Tensor& b) {
+  double largest = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    largest = std::max(largest, static_cast<double>(std::fabs(a.f32()[i] - b.f32()[i])));
+  return largest;
 }
 
 // Runs without a device: a CUDA build must have registered its backend, and naming a device
@@ -273,6 +281,45 @@ TEST(CudaLearners, KStreamsMatchTheCpuGroup) {
   LearnerGroup resumed(models::mlp(), recipe(Device::cuda(0)), LearnerOptions{2, 1, SmaOptions{}});
   resumed.load(path);
   expect_close(resumed.average(), gpu.average(), 0.0, "z after a checkpoint round trip");
+}
+
+// Under a sync period the GPU group runs SMA on its sync stream every third round only, with
+// each replica's state from before that round's step: round by round it gives the CPU group's
+// losses, z stays put between sync rounds (read after a drain), and the replicas and z end
+// where the CPU group's are. Momentum SGD recovers the snapshot from the velocity; Adam copies one
+// on the stream before a sync round's step.
+TEST(CudaLearners, ASyncPeriodMatchesTheCpuGroup) {
+  REQUIRE_CUDA_DEVICES(1);
+  TrainOptions adam_cpu = recipe(Device::cpu()), adam_gpu = recipe(Device::cuda(0));
+  adam_cpu.optimizer = adam_gpu.optimizer = "adam";
+  adam_cpu.learning_rate = adam_gpu.learning_rate = 1e-3;
+  for (const auto& [model, cpu_train, gpu_train] :
+       {std::tuple{models::mlp(), recipe(Device::cpu()), recipe(Device::cuda(0))},
+        std::tuple{models::mlp(), adam_cpu, adam_gpu},
+        std::tuple{models::lstm(), recipe(Device::cpu()), recipe(Device::cuda(0))}}) {
+    SCOPED_TRACE(model.name + ", " + cpu_train.optimizer);
+    Batches data(2 * 16);
+    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
+    options.sync_period = 3;
+    LearnerGroup cpu(model, cpu_train, options);
+    LearnerGroup gpu(model, gpu_train, options);
+    Tensor z_before = gpu.average().to_cpu();
+    for (int round = 1; round <= 8; ++round) {
+      const double expected = cpu.round(data.images.data(), data.labels.data());
+      const double actual = gpu.round(data.images.data(), data.labels.data());
+      ASSERT_NEAR(actual, expected, 1e-3 * (1.0 + std::fabs(expected))) << "round " << round;
+      gpu.drain();
+      const Tensor z = gpu.average().to_cpu();
+      if (round % 3 != 0)
+        expect_close(z, z_before, 0.0, "z between sync rounds");
+      else
+        EXPECT_GT(largest_difference(z, z_before), 0.0) << "z did not move at sync round " << round;
+      z_before = z;
+    }
+    expect_close(gpu.average(), cpu.average(), 1e-2, "z");
+    for (int j = 0; j < 2; ++j)
+      expect_close(gpu.replica(j).flat_params(), cpu.replica(j).flat_params(), 1e-2, "a replica");
+  }
 }
 
 // Learners spread over two GPUs (SMA corrections all-reduced with NCCL) train like the CPU group:
