@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <string>
 
 #include "core/error.h"
 #include "examples/train_options.h"
@@ -19,6 +20,14 @@ std::string clock_text(double seconds) {
   int total = static_cast<int>(seconds + 0.5);
   char text[32];
   std::snprintf(text, sizeof(text), "%d:%02d", total / 60, total % 60);
+  return text;
+}
+
+// Under a step decay (--lr-drop) each epoch's line names the rate it trained at.
+std::string rate_of(const quiver::TrainOptions& options, const quiver::EpochReport& epoch) {
+  if (options.lr_drop_epochs.empty()) return "";
+  char text[48];
+  std::snprintf(text, sizeof(text), "  lr %g", epoch.learning_rate);
   return text;
 }
 
@@ -110,9 +119,9 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   TrainReport report = group.fit(train, &test, epochs, max_rounds);
   if (live) std::cout << "\n";
   for (const EpochReport& e : report.epochs)
-    std::printf("epoch %lld: loss %.4f  test accuracy of the average model %.2f%%  (%.1f s, %.0f samples/s)\n",
+    std::printf("epoch %lld: loss %.4f  test accuracy of the average model %.2f%%  (%.1f s, %.0f samples/s)%s\n",
                 static_cast<long long>(e.epoch), e.mean_loss, 100.0 * e.test_accuracy, e.seconds,
-                e.samples_per_second);
+                e.samples_per_second, rate_of(command.train, e).c_str());
   const std::vector<TunerStep>& history = group.tuner_history();
   if (command.learners_auto) {
     std::printf("tuner (samples/s over at least %d rounds and %.1f s per configuration, a quarter of that for a clear "
@@ -209,8 +218,13 @@ int run(int argc, char** argv) {
       std::cout << "device " << o.device.str() << " (kernels in order on each learner's stream, CUDA graphs "
                 << (o.device_graphs ? "on" : "off") << ")";
     }
-    std::cout << ", " << o.optimizer << " lr " << o.learning_rate
-              << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
+    std::cout << ", " << o.optimizer << " lr " << o.learning_rate;
+    if (!o.lr_drop_epochs.empty()) {
+      std::cout << " (x" << o.lr_drop_factor << " at epoch" << (o.lr_drop_epochs.size() > 1 ? "s" : "");
+      for (size_t i = 0; i < o.lr_drop_epochs.size(); ++i) std::cout << (i == 0 ? " " : ", ") << o.lr_drop_epochs[i];
+      std::cout << ")";
+    }
+    std::cout << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
     const bool live = !command.quiet && isatty(fileno(stdout));
     // A log (not a terminal) gets a line each time the step passes a multiple of 100 and at every
@@ -261,9 +275,9 @@ int run(int argc, char** argv) {
     TrainReport report = trainer.fit(train, &test);
     if (live) std::cout << "\n";
     for (const EpochReport& e : report.epochs)
-      std::printf("epoch %lld: loss %.4f  train accuracy %.2f%%  test accuracy %.2f%%  (%.1f s, %.0f samples/s)\n",
+      std::printf("epoch %lld: loss %.4f  train accuracy %.2f%%  test accuracy %.2f%%  (%.1f s, %.0f samples/s)%s\n",
                   static_cast<long long>(e.epoch), e.mean_loss, 100.0 * e.train_accuracy,
-                  100.0 * e.test_accuracy, e.seconds, e.samples_per_second);
+                  100.0 * e.test_accuracy, e.seconds, e.samples_per_second, rate_of(o, e).c_str());
     std::printf("throughput: %.0f samples/s over %lld steps (%.1f s)\n", report.samples_per_second,
                 static_cast<long long>(report.steps), report.seconds);
     if (const Plan& plan = trainer.train_plan(); !o.device.is_cpu() && o.device_graphs && !plan.replaying_graph()) {

@@ -73,7 +73,8 @@ bool takes_value(const std::string& flag) {
       "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
       "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
       "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--sync-period",
-      "--lr-scaling", "--checkpoint", "--resume", "--profile-cache", "--trace", "--data"};
+      "--lr-scaling", "--lr-drop", "--lr-drop-factor", "--checkpoint", "--resume", "--profile-cache", "--trace",
+      "--data"};
   for (const char* known : kFlags)
     if (flag == known) return true;
   return false;
@@ -131,6 +132,12 @@ std::string train_usage() {
          "                         after two eager steps (default on)\n"
          "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
          "  --lr X                 learning rate (default 0.01)\n"
+         "  --lr-drop E1,E2,...    step decay: multiply the learning rate by --lr-drop-factor\n"
+         "                         at the start of each epoch listed (from 2, rising; epochs\n"
+         "                         count from the start of training, a --resume run's too);\n"
+         "                         with --learners every replica restarts from the average model\n"
+         "                         there (default: one rate throughout)\n"
+         "  --lr-drop-factor F     with --lr-drop: the factor, in (0, 1] (default 0.1)\n"
          "  --momentum X           SGD momentum (default 0.9; not with --optimizer adam)\n"
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
@@ -191,7 +198,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   command.train.profile_cache = default_profile_cache();
   std::string inter_or_intra;
   bool cuda_graphs_given = false, momentum_given = false, sync_given = false, threads_given = false;
-  bool inter_given = false, intra_given = false;
+  bool inter_given = false, intra_given = false, drop_factor_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -241,6 +248,23 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       command.train.optimizer = value;
     } else if (flag == "--lr") {
       command.train.learning_rate = parse_positive(flag, value);
+    } else if (flag == "--lr-drop") {
+      command.train.lr_drop_epochs.clear();
+      size_t start = 0;
+      while (true) {
+        const size_t comma = value.find(',', start);
+        const int64_t epoch = parse_int(flag, value.substr(start, comma - start), 2, 10000);
+        if (!command.train.lr_drop_epochs.empty() && epoch <= command.train.lr_drop_epochs.back())
+          throw Error(cat(flag, ": epochs must rise, got ", command.train.lr_drop_epochs.back(), " then ", epoch));
+        command.train.lr_drop_epochs.push_back(epoch);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (flag == "--lr-drop-factor") {
+      const double factor = parse_number(flag, value);
+      if (!(factor > 0.0 && factor <= 1.0)) throw Error(cat(flag, ": must be in (0, 1], got '", value, "'"));
+      command.train.lr_drop_factor = factor;
+      drop_factor_given = true;
     } else if (flag == "--momentum") {
       double momentum = parse_number(flag, value);
       if (!(momentum >= 0.0 && momentum < 1.0))
@@ -332,6 +356,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     }
   }
   const bool multi = command.learners > 0;
+  if (drop_factor_given && command.train.lr_drop_epochs.empty())
+    throw Error("--lr-drop-factor: only with --lr-drop (the epochs to drop the rate at)");
   if (command.gpus > 1 && command.train.device.is_cpu()) throw Error("--gpus: only with --device cuda");
   if (cuda_graphs_given && command.train.device.is_cpu()) throw Error("--cuda-graphs: only with --device cuda");
   if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");

@@ -135,7 +135,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     throw Error(cat("learners: ", learners, " learner(s) cannot cover ", devices_.size(), " devices"));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
-  replica.learning_rate *= lr_scale(options_.lr_scaling, learners);
+  replica.learning_rate *= lr_scale(options_.lr_scaling, learners) * lr_factor_;
+  replica.lr_drop_epochs.clear();  // the group follows the step decay (set_learning_rate_factor)
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   replica.trace_path.clear();
@@ -230,9 +231,44 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   if (options_.sync == Sync::Ssgd)
     sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
+  last_sync_round_ = rounds_done_;  // every replica starts from z
 }
 
-void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
+void LearnerGroup::resize(int learners, int threads_per_learner) {
+  fold_local_steps();
+  build(learners, threads_per_learner, true);
+}
+
+void LearnerGroup::fold_local_steps() {
+  settle();
+  if (options_.sync != Sync::Sma || alone() || options_.sync_period == 1 || rounds_done_ == last_sync_round_) return;
+  std::vector<Tensor> params, now;  // w_j, and a copy of it as the snapshot (the pass reads one, writes the other)
+  std::vector<const ExecContext*> streams;
+  for (auto& learner : learners_) {
+    params.push_back(learner->trainer->params().flat_params());
+    now.push_back(Tensor::empty(params.back().shape(), DType::F32, params.back().device()));
+    now.back().copy_from(params.back());
+    streams.push_back(&learner->trainer->train_plan().context());
+  }
+  if (device_sma_) {
+    device_sma_->round(streams, params, now);
+    device_sma_->drain();
+  } else {
+    sma_->round(params, now, *streams.front());
+  }
+  last_sync_round_ = rounds_done_;
+}
+
+void LearnerGroup::set_learning_rate_factor(double factor) {
+  if (!(factor > 0.0) || !std::isfinite(factor))
+    throw Error(cat("learning-rate factor must be a positive number, got ", factor));
+  if (factor == lr_factor_) return;
+  const double rate = train_.learning_rate * lr_scale(options_.lr_scaling, learners()) * factor;
+  settle();
+  for (auto& learner : learners_) learner->trainer->set_learning_rate(rate);
+  lr_factor_ = factor;
+  if (options_.sync == Sync::Sma) reset_replicas();
+}
 
 LearnerGroup::~LearnerGroup() {
   // Learners' queued tasks use z and the replicas: let them finish before anything is freed.
@@ -399,6 +435,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     trace_group_work("sma round", "sync", sync_start, this_round);
   }
   ++rounds_done_;
+  if (sync_round) last_sync_round_ = rounds_done_;
   return loss / static_cast<double>(learners_.size());
 }
 
@@ -473,7 +510,7 @@ void LearnerGroup::drain() {
 }
 
 void LearnerGroup::reset_replicas() {
-  settle();
+  fold_local_steps();
   refresh_average();
   std::vector<Tensor> params;
   for (auto& learner : learners_) params.push_back(learner->trainer->params().flat_params());
@@ -587,6 +624,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   bool keep_going = true;
   for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds) && keep_going; ++epoch) {
     const int64_t number = epochs_before + epoch;
+    // The step decay: a drop resets every replica to z (a resumed run's first epoch takes the
+    // rate its number has; its replicas are z's already).
+    if (!train_.lr_drop_epochs.empty()) set_learning_rate_factor(learning_rate_factor_at(train_, number));
     EpochReport epoch_report;
     epoch_report.epoch = number;
     const double epoch_start = clock.training_seconds();
@@ -699,6 +739,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     settle();  // the epoch's samples/s count finished steps only (and, on a GPU, SMA's last pass)
     drain();
     epoch_report.steps = epoch_rounds;
+    epoch_report.learning_rate = learning_rate();
     epoch_report.seconds = clock.training_seconds() - epoch_start;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_rounds);
     epoch_report.train_accuracy = -1.0;
@@ -725,7 +766,7 @@ void LearnerGroup::ssgd_update() {
   const Tensor& z = average_->params().flat_params();
   const int64_t n = z.numel();
   // The replicas' learning rate: build() scaled it by LearnerOptions::lr_scaling.
-  const float lr = static_cast<float>(learners_.front()->trainer->options().learning_rate),
+  const float lr = static_cast<float>(learners_.front()->trainer->learning_rate()),
               momentum = static_cast<float>(train_.momentum),
               decay = static_cast<float>(train_.weight_decay), share = 1.0f / static_cast<float>(learners_.size());
   float* w = z.f32();

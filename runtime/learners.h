@@ -120,8 +120,9 @@ struct LearnerOptions {
   // batch 16 on 2 cores the MLP's pass is a quarter to a third of a round), but z moves only
   // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
   // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
-  // resize() and reset_replicas() start the replicas from z as of the last sync; the tuner ends
-  // its windows on sync rounds, so its resizes drop no steps.
+  // resize() and reset_replicas() fold the local steps since the last sync into z before they
+  // start the replicas from it; the tuner ends its windows on sync rounds, so its resizes have
+  // nothing to fold. A checkpoint holds z as of the last sync.
   int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.
@@ -195,8 +196,17 @@ class LearnerGroup {
   }
   // Top-1 accuracy of z.
   double evaluate(const Dataset& data);
-  // Every replica becomes z (after a learning-rate drop).
+  // Every replica becomes z (after a learning-rate drop). Under a sync period the replicas' steps
+  // since the last sync are folded into z first (see fold_local_steps()), so none is lost.
   void reset_replicas();
+  // The learners train at TrainOptions::learning_rate x the lr scaling's factor for their count x
+  // `factor`. fit() sets it from the step decay (TrainOptions::lr_drop_epochs) at each epoch, a
+  // resumed run's first too. A change is a learning-rate drop: every replica is reset to z
+  // (DESIGN.md section 3). Throws on a factor that is not positive and finite.
+  void set_learning_rate_factor(double factor);
+  double learning_rate_factor() const { return lr_factor_; }
+  // The rate every learner trains at now.
+  double learning_rate() const { return learners_.front()->trainer->learning_rate(); }
   // Checkpoints of z: written atomically with a checksum; loading verifies it and the model,
   // sets z, and restarts every replica from it (their momentum cleared), so training resumes.
   void save(const std::string& path) const;
@@ -226,6 +236,11 @@ class LearnerGroup {
     std::unique_ptr<CpuStream> stream;
   };
   void build(int learners, int threads_per_learner, bool carry_state = false);
+  // Under a sync period z holds the replicas' steps up to the last sync round only. Before the
+  // replicas are reset to z or rebuilt from it, one SMA pass folds the steps since then in, each
+  // replica's parameters standing for its snapshot (c_j = alpha (w_j - z)). Nothing to do at a
+  // sync round, with one learner alone, or at a period of 1.
+  void fold_local_steps();
   ModelSpec model_;
   TrainOptions train_;
   LearnerOptions options_;
@@ -271,6 +286,8 @@ class LearnerGroup {
   mutable bool average_stale_ = false;
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;
+  int64_t last_sync_round_ = 0;  // the last round whose end left z holding every replica's steps
+  double lr_factor_ = 1.0;       // set_learning_rate_factor()
   int64_t epoch_samples_done_ = 0;
   int64_t epoch_data_samples_ = 0;  // the training set's size the cut epoch's order was drawn for (0: unknown)
 };

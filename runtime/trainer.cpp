@@ -42,9 +42,26 @@ void check_options(const TrainOptions& o) {
   if (o.eval_batch < 1) throw Error(cat("eval batch must be >= 1, got ", o.eval_batch));
   if (o.eval_every < 0) throw Error(cat("eval every must be >= 0 batches, got ", o.eval_every));
   if (o.memory_limit < 0) throw Error(cat("memory limit must be >= 0 bytes (0: none), got ", o.memory_limit));
+  for (size_t i = 0; i < o.lr_drop_epochs.size(); ++i) {
+    const int64_t epoch = o.lr_drop_epochs[i];
+    if (epoch < 2)
+      throw Error(cat("learning-rate drops: epoch ", epoch, " is not a drop (epochs count from 1; the first trains at ",
+                      "the learning rate itself)"));
+    if (i > 0 && epoch <= o.lr_drop_epochs[i - 1])
+      throw Error(cat("learning-rate drops: epochs must rise, got ", o.lr_drop_epochs[i - 1], " then ", epoch));
+  }
+  if (!(o.lr_drop_factor > 0.0 && o.lr_drop_factor <= 1.0))
+    throw Error(cat("learning-rate drop factor must be in (0, 1], got ", o.lr_drop_factor));
 }
 
 }  // namespace
+
+double learning_rate_factor_at(const TrainOptions& options, int64_t epoch) {
+  double factor = 1.0;
+  for (int64_t drop : options.lr_drop_epochs)
+    if (drop <= epoch) factor *= options.lr_drop_factor;
+  return factor;
+}
 
 FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback,
                    std::function<void()> settle)
@@ -84,7 +101,7 @@ double FitClock::epoch_end(int64_t epoch, int64_t batches, bool& keep_going) {
 }
 
 Trainer::Trainer(ModelSpec model, TrainOptions options)
-    : model_(std::move(model)), options_(std::move(options)) {
+    : model_(std::move(model)), options_(std::move(options)), learning_rate_(options_.learning_rate) {
   check_options(options_);
   if (!model_.build) throw Error(cat("model '", model_.name, "' has no build function"));
   // Read before anything is allocated: memory_bytes() counts what this trainer touches as it is
@@ -188,7 +205,7 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
   const Plan& plan = *train_plan_;
   plan.upload(images_in_, images);
   plan.upload(labels_in_, labels);
-  const float learning_rate = static_cast<float>(options_.learning_rate);
+  const float learning_rate = static_cast<float>(learning_rate_);
   if (learning_rate_in_.defined()) plan.upload(learning_rate_in_, &learning_rate);
   ++steps_done_;
   const float step = static_cast<float>(steps_done_);
@@ -204,6 +221,12 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
     throw Error(cat("training stopped: loss is ", loss, " at step ", steps_done_,
                     " (try a lower learning rate)"));
   return loss;
+}
+
+void Trainer::set_learning_rate(double learning_rate) {
+  if (!(learning_rate > 0.0) || !std::isfinite(learning_rate))
+    throw Error(cat("learning rate must be a positive number, got ", learning_rate));
+  learning_rate_ = learning_rate;
 }
 
 int64_t memory_budget(int64_t available, int64_t limit) {
@@ -247,8 +270,11 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   const int64_t epochs_before = epochs_done_;  // epochs are numbered from the start of training
   for (int64_t epoch = 1; epoch <= options_.epochs && global < total && keep_going; ++epoch) {
     const int64_t number = epochs_before + epoch;
+    if (!options_.lr_drop_epochs.empty())
+      learning_rate_ = options_.learning_rate * learning_rate_factor_at(options_, number);
     EpochReport epoch_report;
     epoch_report.epoch = number;
+    epoch_report.learning_rate = learning_rate_;
     const double epoch_start = clock.training_seconds();
     double loss_sum = 0.0;
     int64_t correct = 0;

@@ -29,6 +29,13 @@ struct TrainOptions {
   int threads = 1;
   std::string optimizer = "sgd";  // sgd | adam
   double learning_rate = 0.01;
+  // Step decay: at the start of each epoch listed (numbered from the start of training, from 2,
+  // strictly rising) the learning rate is multiplied by lr_drop_factor, so epoch e trains at
+  // learning_rate x lr_drop_factor ^ (drops listed up to e). fit() follows it, a resumed run
+  // too; a learner group also resets every replica to the average model at each drop (DESIGN.md
+  // section 3). Empty: one rate throughout.
+  std::vector<int64_t> lr_drop_epochs;
+  double lr_drop_factor = 0.1;
   double momentum = 0.9;
   double weight_decay = 0.0;
   uint64_t seed = 1;
@@ -78,6 +85,7 @@ struct EpochReport {
   double mean_loss = 0.0;
   double train_accuracy = 0.0;
   double test_accuracy = -1.0;  // -1: not evaluated
+  double learning_rate = 0.0;   // the rate the epoch trained at (a learner's, with lr scaling)
   double seconds = 0.0;
   double samples_per_second = 0.0;
 };
@@ -139,6 +147,10 @@ struct TrainReport {
 // as a sample of the model, and for models of images rows x cols as its last two dimensions.
 void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which);
 
+// What epoch `epoch` (from 1) multiplies the learning rate by under `options`' step decay:
+// lr_drop_factor ^ (lr_drop_epochs up to `epoch`).
+double learning_rate_factor_at(const TrainOptions& options, int64_t epoch);
+
 // What a memory check may plan on: `available` (available_memory_bytes(), -1 when unknown), or
 // `limit` (TrainOptions::memory_limit) where that is set and smaller.
 int64_t memory_budget(int64_t available, int64_t limit);
@@ -158,6 +170,11 @@ class Trainer {
   double evaluate(const Dataset& data);
   // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks.
   double train_step(const float* images, const int32_t* labels);
+  // The rate the next step trains at: TrainOptions::learning_rate, then where fit() is at in the
+  // step decay; set_learning_rate() changes it until fit() next starts an epoch of a schedule
+  // (without lr_drop_epochs fit() leaves it as set). Throws on a rate that is not positive and finite.
+  double learning_rate() const { return learning_rate_; }
+  void set_learning_rate(double learning_rate);
 
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation included), off the training clock; returning false ends
@@ -205,6 +222,7 @@ class Trainer {
   std::unique_ptr<Executor> executor_;
   // The training plan's inputs, looked up once rather than by name every step.
   Tensor images_in_, labels_in_, learning_rate_in_, step_in_;
+  double learning_rate_;
   int64_t steps_done_ = 0;
   int64_t epochs_done_ = 0;  // epochs fit() trained to their end: the next fit() goes on after them
   std::vector<float> host_buffer_;

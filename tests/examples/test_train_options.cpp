@@ -34,6 +34,12 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "sqrt"}).lr_scaling, LrScaling::Sqrt);
   EXPECT_EQ(parse_train_command({"--learners", "2", "--lr-scaling", "none"}).lr_scaling, LrScaling::None);
   EXPECT_EQ(parse_train_command({"--learners", "2"}).lr_scaling, LrScaling::None);
+  const TrainCommand decay = parse_train_command({"--lr-drop", "3,5", "--lr-drop-factor", "0.5"});
+  EXPECT_EQ(decay.train.lr_drop_epochs, (std::vector<int64_t>{3, 5}));
+  EXPECT_DOUBLE_EQ(decay.train.lr_drop_factor, 0.5);
+  EXPECT_EQ(parse_train_command({"--lr-drop=2"}).train.lr_drop_epochs, (std::vector<int64_t>{2}));
+  EXPECT_DOUBLE_EQ(parse_train_command({"--lr-drop", "2"}).train.lr_drop_factor, 0.1);
+  EXPECT_TRUE(parse_train_command({}).train.lr_drop_epochs.empty());
   EXPECT_EQ(parse_train_command({"--eval-every", "100"}).train.eval_every, 100);
   EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
 
@@ -175,6 +181,14 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--learners", "1", "--staleness", "3"}, "--staleness"},
+                      BadFlag{{"--lr-drop", "1"}, "--lr-drop: 1 is out of range [2, 10000]"},
+                      BadFlag{{"--lr-drop", "3,3"}, "--lr-drop: epochs must rise, got 3 then 3"},
+                      BadFlag{{"--lr-drop", "2,"}, "--lr-drop: expected an integer, got ''"},
+                      BadFlag{{"--lr-drop", "two"}, "--lr-drop: expected an integer"},
+                      BadFlag{{"--lr-drop", "2", "--lr-drop-factor", "0"}, "--lr-drop-factor: must be in (0, 1]"},
+                      BadFlag{{"--lr-drop", "2", "--lr-drop-factor", "1.5"}, "--lr-drop-factor: must be in (0, 1]"},
+                      BadFlag{{"--lr-drop", "2", "--lr-drop-factor", "nan"}, "--lr-drop-factor"},
+                      BadFlag{{"--lr-drop-factor", "0.5"}, "--lr-drop-factor: only with --lr-drop"},
                       BadFlag{{"--sync-period", "2"}, "--sync-period"},
                       BadFlag{{"--learners", "1", "--sync-period", "2"}, "--sync-period: one learner"},
                       BadFlag{{"--learners", "2", "--sync-period", "0"}, "--sync-period"},

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -49,6 +50,15 @@ struct PlainPair {
   std::vector<Tensor> params, snapshots;
 };
 
+// `rounds` rounds of `group` beside the plain pair's steps, each followed by the textbook round.
+void rounds_in_lockstep(LearnerGroup& group, PlainPair& plain, SmaSync& textbook, const Batches& data, int rounds) {
+  for (int round = 0; round < rounds; ++round) {
+    group.round(data.images.data(), data.labels.data());
+    plain.step(data);
+    textbook.round(plain.params, plain.snapshots);
+  }
+}
+
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
 TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
   Batches data(8);
@@ -76,11 +86,7 @@ TEST(Learners, SmaRoundsEqualPlainSgdStepsAndTheTextbookRound) {
     PlainPair plain(model);
     Tensor z = copy_of(group.average());
     SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
-    for (int round = 0; round < 3; ++round) {
-      group.round(data.images.data(), data.labels.data());
-      plain.step(data);
-      textbook.round(plain.params, plain.snapshots);
-    }
+    rounds_in_lockstep(group, plain, textbook, data, 3);
     const Tensor& average = group.average();
     ASSERT_EQ(average.numel(), z.numel());
     double moved = 0.0;
@@ -137,6 +143,118 @@ TEST(Learners, ASyncPeriodAveragesEveryNthRoundOnly) {
     EXPECT_GT(moved, 0.0) << model.name << ": z never moved";
     EXPECT_GT(apart, 0.0) << model.name;
   }
+}
+
+// A learning-rate drop (DESIGN.md section 3): every replica becomes z, z's momentum is cleared,
+// and the learners go on at the new rate. The reference: the plain trainers set to z at the new
+// rate and the textbook round reset the same way, for two more rounds.
+TEST(Learners, ALearningRateDropResetsEveryReplicaToZ) {
+  Batches data(2 * 8, 31);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{0.5, 0.9}});
+  PlainPair plain(models::mlp());
+  Tensor z = copy_of(group.average());
+  SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
+  rounds_in_lockstep(group, plain, textbook, data, 3);
+  group.set_learning_rate_factor(0.5);
+  EXPECT_DOUBLE_EQ(group.learning_rate(), 0.005);
+  EXPECT_DOUBLE_EQ(group.learning_rate_factor(), 0.5);
+  const Tensor& average = group.average();
+  for (int j = 0; j < 2; ++j)
+    for (int64_t i = 0; i < average.numel(); ++i)
+      ASSERT_EQ(group.replica(j).flat_params().f32()[i], average.f32()[i]) << "w" << j << "[" << i << "]";
+  std::vector<Tensor> replicas = {plain.w(0), plain.w(1)};
+  textbook.reset_replicas(replicas);
+  for (auto& trainer : plain.trainers) trainer->set_learning_rate(0.005);
+  rounds_in_lockstep(group, plain, textbook, data, 2);
+  for (int64_t i = 0; i < z.numel(); ++i) {
+    ASSERT_NEAR(group.average().f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
+    for (int j = 0; j < 2; ++j)
+      ASSERT_NEAR(group.replica(j).flat_params().f32()[i], plain.w(j).f32()[i], 1e-6) << "w" << j << "[" << i << "]";
+  }
+  // The same factor again is no drop: nothing is reset.
+  const Tensor before = copy_of(group.replica(0).flat_params());
+  group.set_learning_rate_factor(0.5);
+  for (int64_t i = 0; i < before.numel(); ++i) ASSERT_EQ(group.replica(0).flat_params().f32()[i], before.f32()[i]);
+  EXPECT_THROW(group.set_learning_rate_factor(0.0), Error);
+  EXPECT_THROW(group.set_learning_rate_factor(std::nan("")), Error);
+}
+
+// Under a sync period z holds the steps up to the last sync round only: a drop (reset_replicas)
+// or a resize in the middle of a period first folds the local steps since then into z, one SMA
+// pass with each replica's parameters as its snapshot, so none is lost. Period 3, four rounds:
+// the fourth is a local step, and z must take it.
+TEST(Learners, UnderASyncPeriodADropOrAResizeFoldsTheLocalStepsIntoZ) {
+  for (const bool resize : {false, true}) {
+    SCOPED_TRACE(resize ? "resize" : "reset_replicas");
+    Batches data(2 * 8, 37);
+    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
+    options.sync_period = 3;
+    LearnerGroup group(models::mlp(), recipe(), options);
+    PlainPair plain(models::mlp());
+    Tensor z = copy_of(group.average());
+    SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
+    for (int round = 1; round <= 4; ++round) {
+      group.round(data.images.data(), data.labels.data());
+      plain.step(data);
+      if (round % 3 == 0) textbook.round(plain.params, plain.snapshots);
+    }
+    const Tensor at_last_sync = copy_of(z);
+    if (resize)
+      group.resize(2, 1);
+    else
+      group.reset_replicas();
+    const std::vector<Tensor> now = {copy_of(plain.w(0)), copy_of(plain.w(1))};
+    textbook.round(plain.params, now);
+    double folded = 0.0;
+    for (int64_t i = 0; i < z.numel(); ++i) {
+      ASSERT_NEAR(group.average().f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
+      for (int j = 0; j < 2; ++j)
+        ASSERT_EQ(group.replica(j).flat_params().f32()[i], group.average().f32()[i]) << "w" << j << "[" << i << "]";
+      folded += std::abs(z.f32()[i] - at_last_sync.f32()[i]);
+    }
+    EXPECT_GT(folded, 0.0) << "the fourth round's steps were not folded in";
+    // Folded once: a second reset right after changes nothing.
+    const Tensor after = copy_of(group.average());
+    group.reset_replicas();
+    for (int64_t i = 0; i < after.numel(); ++i) ASSERT_EQ(group.average().f32()[i], after.f32()[i]) << i;
+  }
+}
+
+// fit() follows the step decay: a drop at epoch 2 trains as a factor set by hand between two
+// fits, bit for bit; each epoch reports its rate; a run resumed from a checkpoint after epoch 1
+// trains epoch 2 at the dropped rate.
+TEST(Learners, FitFollowsTheStepDecay) {
+  const Dataset train = small_dataset(48, 11);  // 6 batches of 8: 3 rounds of 2 learners an epoch
+  TrainOptions decayed = recipe();
+  decayed.lr_drop_epochs = {2};
+  decayed.lr_drop_factor = 0.5;
+  const LearnerOptions two{2, 1, SmaOptions{}};
+  LearnerGroup scheduled(models::mlp(), decayed, two);
+  const TrainReport report = scheduled.fit(train, nullptr, 2);
+  ASSERT_EQ(report.epochs.size(), 2u);
+  EXPECT_DOUBLE_EQ(report.epochs[0].learning_rate, 0.01);
+  EXPECT_DOUBLE_EQ(report.epochs[1].learning_rate, 0.005);
+  LearnerGroup by_hand(models::mlp(), recipe(), two);
+  by_hand.fit(train, nullptr, 1);
+  by_hand.set_learning_rate_factor(0.5);
+  by_hand.fit(train, nullptr, 1);
+  const Tensor &a = scheduled.average(), &b = by_hand.average();
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "z[" << i << "]";
+  LearnerGroup constant(models::mlp(), recipe(), two);
+  constant.fit(train, nullptr, 2);
+  double apart = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) apart += std::abs(a.f32()[i] - constant.average().f32()[i]);
+  EXPECT_GT(apart, 0.0) << "the decay changed nothing";
+  const std::string path = ::testing::TempDir() + "/step_decay.ckpt";
+  LearnerGroup first(models::mlp(), decayed, two);
+  first.fit(train, nullptr, 1);
+  first.save(path);
+  LearnerGroup resumed(models::mlp(), decayed, two);
+  resumed.load(path);
+  const TrainReport second = resumed.fit(train, nullptr, 1);
+  EXPECT_EQ(second.epochs.at(0).epoch, 2);
+  EXPECT_DOUBLE_EQ(second.epochs.at(0).learning_rate, 0.005);
+  std::remove(path.c_str());
 }
 
 // One learner with the default alpha has nothing to average: it is single-stream training, and z

@@ -164,6 +164,26 @@ TEST(Trainer, RejectsBadOptions) {
   options.batch = 8;
   options.learning_rate = -1.0;
   EXPECT_THROW(Trainer(models::mlp(), options), Error);
+  options.learning_rate = 0.01;
+  auto refused = [&](std::vector<int64_t> drops, double factor, const char* expected) {
+    TrainOptions decayed = options;
+    decayed.lr_drop_epochs = std::move(drops), decayed.lr_drop_factor = factor;
+    try {
+      Trainer trainer(models::mlp(), decayed);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  };
+  refused({1}, 0.1, "epoch 1 is not a drop");
+  refused({3, 3}, 0.1, "epochs must rise, got 3 then 3");
+  refused({2}, 0.0, "drop factor must be in (0, 1], got 0");
+  refused({2}, 1.5, "drop factor must be in (0, 1], got 1.5");
+  refused({2}, std::nan(""), "drop factor must be in (0, 1]");
+  Trainer trainer(models::mlp(), options);
+  EXPECT_THROW(trainer.set_learning_rate(0.0), Error);
+  EXPECT_THROW(trainer.set_learning_rate(std::numeric_limits<double>::infinity()), Error);
+  EXPECT_DOUBLE_EQ(trainer.learning_rate(), 0.01);
 }
 
 // A trainer's footprint counts what its kernels hold for themselves: the LSTM's kernels keep the
@@ -318,6 +338,41 @@ TEST(Trainer, ASecondFitContinuesTheDataOrder) {
   EXPECT_EQ(twice.epochs_done(), 2);
   const Tensor &a = whole.params().flat_params(), &b = twice.params().flat_params();
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+}
+
+// A step decay (lr 0.01, x0.5 at epochs 2 and 3) trains as a run whose rate is set by hand
+// before each epoch, bit for bit; each epoch reports its rate; without the decay the parameters
+// differ.
+TEST(Trainer, FitFollowsTheStepDecay) {
+  const Dataset train = synthetic(40, 3);
+  TrainOptions decayed = small_fit_options(3);
+  decayed.lr_drop_epochs = {2, 3};
+  decayed.lr_drop_factor = 0.5;
+  Trainer scheduled(models::mlp(), decayed);
+  const TrainReport report = scheduled.fit(train);
+  ASSERT_EQ(report.epochs.size(), 3u);
+  EXPECT_DOUBLE_EQ(report.epochs[0].learning_rate, 0.01);
+  EXPECT_DOUBLE_EQ(report.epochs[1].learning_rate, 0.005);
+  EXPECT_DOUBLE_EQ(report.epochs[2].learning_rate, 0.0025);
+  Trainer by_hand(models::mlp(), small_fit_options(1)), constant(models::mlp(), small_fit_options(3));
+  for (double rate : {0.01, 0.005, 0.0025}) {
+    by_hand.set_learning_rate(rate);
+    by_hand.fit(train);
+  }
+  constant.fit(train);
+  const Tensor &a = scheduled.params().flat_params(), &b = by_hand.params().flat_params();
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+  double apart = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) apart += std::fabs(a.f32()[i] - constant.params().flat_params().f32()[i]);
+  EXPECT_GT(apart, 0.0) << "the decay changed nothing";
+  // A second fit() goes on in the schedule: a trainer whose first fit() did one epoch trains its
+  // next at the rate of epoch 2.
+  TrainOptions one = decayed;
+  one.epochs = 1;
+  Trainer resumed(models::mlp(), one);
+  resumed.fit(train);
+  EXPECT_DOUBLE_EQ(resumed.fit(train).epochs.at(0).learning_rate, 0.005);
+  EXPECT_DOUBLE_EQ(resumed.learning_rate(), 0.005);
 }
 
 // --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
