@@ -286,8 +286,9 @@ TEST(CudaLearners, KStreamsMatchTheCpuGroup) {
 // Under a sync period the GPU group runs SMA on its sync stream every third round only, with
 // each replica's state from before that round's step: round by round it gives the CPU group's
 // losses, z stays put between sync rounds (read after a drain), and the replicas and z end
-// where the CPU group's are. Momentum SGD recovers the snapshot from the velocity; Adam copies one
-// on the stream before a sync round's step.
+// where the CPU group's are, also after a learning-rate drop in the middle of a period. Momentum
+// SGD recovers the snapshot from the velocity; Adam copies one on the stream before a sync
+// round's step.
 TEST(CudaLearners, ASyncPeriodMatchesTheCpuGroup) {
   REQUIRE_CUDA_DEVICES(1);
   TrainOptions adam_cpu = recipe(Device::cpu()), adam_gpu = recipe(Device::cuda(0));
@@ -319,6 +320,18 @@ TEST(CudaLearners, ASyncPeriodMatchesTheCpuGroup) {
     expect_close(gpu.average(), cpu.average(), 1e-2, "z");
     for (int j = 0; j < 2; ++j)
       expect_close(gpu.replica(j).flat_params(), cpu.replica(j).flat_params(), 1e-2, "a replica");
+    // Round 8 was a local step: a learning-rate drop folds it into z (an SMA pass on the sync
+    // stream) before every replica restarts from z, as on the CPU; then both go on alike.
+    cpu.set_learning_rate_factor(0.5);
+    gpu.set_learning_rate_factor(0.5);
+    expect_close(gpu.average(), cpu.average(), 1e-2, "z after the drop");
+    for (int j = 0; j < 2; ++j)
+      expect_close(gpu.replica(j).flat_params(), gpu.average(), 0.0, "a replica after the drop");
+    for (int round = 9; round <= 10; ++round) {
+      const double expected = cpu.round(data.images.data(), data.labels.data());
+      const double actual = gpu.round(data.images.data(), data.labels.data());
+      ASSERT_NEAR(actual, expected, 1e-3 * (1.0 + std::fabs(expected))) << "round " << round << ", after the drop";
+    }
   }
 }
 
