@@ -224,6 +224,7 @@ int run(int argc, char** argv) {
       for (size_t i = 0; i < o.lr_drop_epochs.size(); ++i) std::cout << (i == 0 ? " " : ", ") << o.lr_drop_epochs[i];
       std::cout << ")";
     }
+    if (o.weight_decay > 0.0) std::cout << ", weight decay " << o.weight_decay;
     std::cout << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
     const bool live = !command.quiet && isatty(fileno(stdout));

@@ -71,7 +71,7 @@ double parse_number(const std::string& flag, const std::string& text) {
 bool takes_value(const std::string& flag) {
   static const char* const kFlags[] = {
       "--model", "--epochs", "--max-steps", "--eval-every", "--batch", "--threads", "--optimizer", "--lr",
-      "--momentum", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
+      "--momentum", "--weight-decay", "--seed", "--device", "--gpus", "--cuda-graphs", "--policy", "--inter", "--intra",
       "--learners", "--threads-per-learner", "--alpha", "--mu-z", "--sync", "--staleness", "--sync-period",
       "--lr-scaling", "--lr-drop", "--lr-drop-factor", "--checkpoint", "--resume", "--profile-cache", "--trace",
       "--data"};
@@ -139,6 +139,8 @@ std::string train_usage() {
          "                         there (default: one rate throughout)\n"
          "  --lr-drop-factor F     with --lr-drop: the factor, in (0, 1] (default 0.1)\n"
          "  --momentum X           SGD momentum (default 0.9; not with --optimizer adam)\n"
+         "  --weight-decay X       L2 regularisation, >= 0: X w is added to each gradient,\n"
+         "                         for sgd and adam alike (default 0)\n"
          "  --seed S               seed for initialisation and shuffling (default 1)\n"
          "  --data DIR             Fashion-MNIST directory (default $QUIVER_DATA_DIR or\n"
          "                         /usr/share/datasets/fashion-mnist)\n"
@@ -271,6 +273,11 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
         throw Error(cat("--momentum: must be in [0, 1), got '", value, "'"));
       command.train.momentum = momentum;
       momentum_given = true;
+    } else if (flag == "--weight-decay") {
+      const double decay = parse_number(flag, value);
+      if (!(decay >= 0.0) || !std::isfinite(decay))
+        throw Error(cat(flag, ": must be a finite number >= 0, got '", value, "'"));
+      command.train.weight_decay = decay;
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
     } else if (flag == "--device") {

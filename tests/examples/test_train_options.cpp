@@ -34,6 +34,8 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--learners", "auto", "--lr-scaling", "sqrt"}).lr_scaling, LrScaling::Sqrt);
   EXPECT_EQ(parse_train_command({"--learners", "2", "--lr-scaling", "none"}).lr_scaling, LrScaling::None);
   EXPECT_EQ(parse_train_command({"--learners", "2"}).lr_scaling, LrScaling::None);
+  EXPECT_DOUBLE_EQ(parse_train_command({"--weight-decay", "5e-4"}).train.weight_decay, 5e-4);
+  EXPECT_DOUBLE_EQ(parse_train_command({}).train.weight_decay, 0.0);
   const TrainCommand decay = parse_train_command({"--lr-drop", "3,5", "--lr-drop-factor", "0.5"});
   EXPECT_EQ(decay.train.lr_drop_epochs, (std::vector<int64_t>{3, 5}));
   EXPECT_DOUBLE_EQ(decay.train.lr_drop_factor, 0.5);
@@ -181,6 +183,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--learners", "2", "--sync", "ssgd", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--device", "cuda", "--learners", "2", "--staleness", "1"}, "--staleness"},
                       BadFlag{{"--learners", "1", "--staleness", "3"}, "--staleness"},
+                      BadFlag{{"--weight-decay", "-0.1"}, "--weight-decay: must be a finite number >= 0"},
+                      BadFlag{{"--weight-decay", "inf"}, "--weight-decay: must be a finite number >= 0"},
+                      BadFlag{{"--weight-decay", "nan"}, "--weight-decay"},
                       BadFlag{{"--lr-drop", "1"}, "--lr-drop: 1 is out of range [2, 10000]"},
                       BadFlag{{"--lr-drop", "3,3"}, "--lr-drop: epochs must rise, got 3 then 3"},
                       BadFlag{{"--lr-drop", "2,"}, "--lr-drop: expected an integer, got ''"},
