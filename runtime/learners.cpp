@@ -13,7 +13,6 @@
 #include "core/log.h"
 #include "runtime/batcher.h"
 #include "ops/optimizer.h"
-#include "runtime/checkpoint.h"
 
 namespace quiver {
 
@@ -189,11 +188,8 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
                                                : std::string(),
                         ", only ", have >> 20, " MiB are available there"));
     }
-    drain();
-    const Tensor& z = average_->params().flat_params();
     const Tensor& w = learner->trainer->params().flat_params();
-    w.copy_from(z);  // every replica starts from the average model
-    if (carry_state && !learners_.empty()) {  // ...and keeps a predecessor's momentum and step count
+    if (carry_state && !learners_.empty()) {  // every replica keeps a predecessor's momentum and step count
       Trainer& predecessor = *learners_[j % learners_.size()]->trainer;
       ParamStore& from = predecessor.params();
       for (const std::string& kind : from.state_kinds())
@@ -212,6 +208,10 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     sma = std::make_unique<SmaSync>(average_->params().flat_params(), learners, options_.sma, options_.staleness > 0);
   else
     device_sma = std::make_unique<DeviceSma>(average_->params().flat_params(), devices_, learners, options_.sma);
+  // Every replica starts from z; on a resize, z first takes the old replicas' steps since the last sync.
+  if (carry_state) fold_local_steps();
+  drain();
+  for (auto& learner : built) learner->trainer->params().flat_params().copy_from(average_->params().flat_params());
   // z keeps its momentum through a change of configuration, as the replicas keep theirs above. A
   // lone learner ran no SMA (z was its model), so its group has no move of z to pass on.
   if (carry_state && !learners_.empty() && !alone()) {
@@ -234,10 +234,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   last_sync_round_ = rounds_done_;  // every replica starts from z
 }
 
-void LearnerGroup::resize(int learners, int threads_per_learner) {
-  fold_local_steps();
-  build(learners, threads_per_learner, true);
-}
+void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
 
 void LearnerGroup::fold_local_steps() {
   settle();
@@ -263,11 +260,13 @@ void LearnerGroup::set_learning_rate_factor(double factor) {
   if (!(factor > 0.0) || !std::isfinite(factor))
     throw Error(cat("learning-rate factor must be a positive number, got ", factor));
   if (factor == lr_factor_) return;
-  const double rate = train_.learning_rate * lr_scale(options_.lr_scaling, learners()) * factor;
   settle();
+  // Reset first: where it throws (a learner's error surfacing), the rate is unchanged and a
+  // second call drops it again.
+  if (options_.sync == Sync::Sma) reset_replicas();
+  const double rate = train_.learning_rate * lr_scale(options_.lr_scaling, learners()) * factor;
   for (auto& learner : learners_) learner->trainer->set_learning_rate(rate);
   lr_factor_ = factor;
-  if (options_.sync == Sync::Sma) reset_replicas();
 }
 
 LearnerGroup::~LearnerGroup() {
@@ -785,54 +784,6 @@ void LearnerGroup::ssgd_update() {
     }
     for (float* replica : replicas) std::copy(w + begin, w + end, replica + begin);
   });
-}
-
-void LearnerGroup::save(const std::string& path) const {
-  const Tensor& z = average();  // every learner settled, the device SMA drained
-  CheckpointInfo info;
-  info.model = model_.name;
-  info.rounds = rounds_done_;
-  info.epochs_done = epochs_done_;
-  info.epoch_samples = epoch_samples_done_;
-  info.seed = train_.seed;
-  info.seed_known = true;
-  info.data_samples = epoch_samples_done_ > 0 ? epoch_data_samples_ : 0;
-  save_checkpoint(path, average_->params(), z, info);
-}
-
-void LearnerGroup::load(const std::string& path) {
-  // Read into a scratch buffer first: a bad file leaves the running model untouched.
-  const Tensor& z = average_->params().flat_params();
-  Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
-  CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
-  settle();
-  drain();
-  refresh_average();
-  // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.
-  const Tensor previous = z.to_cpu();  // on the host: device memory is what build() may run short of
-  const int64_t previous_rounds = rounds_done_;
-  z.copy_from(scratch);
-  rounds_done_ = info.rounds;  // before build(): a traced replica numbers its steps from it
-  try {
-    build(learners(), threads_per_learner_);
-  } catch (...) {
-    z.copy_from(previous);
-    rounds_done_ = previous_rounds;
-    throw;
-  }
-  average_stale_ = false;  // z is the checkpoint's now, not the replica's
-  if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
-  epochs_done_ = info.epochs_done;
-  // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
-  epoch_samples_done_ = info.epoch_samples;
-  epoch_data_samples_ = info.data_samples;
-  if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
-    warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,
-             info.seed_known ? cat(" of seed ", info.seed, "; this run's seed is ", train_.seed)
-                             : std::string(" without its data order's seed"),
-             ": that epoch starts again"));
-    epoch_samples_done_ = 0;
-  }
 }
 
 }  // namespace quiver

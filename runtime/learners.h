@@ -121,8 +121,8 @@ struct LearnerOptions {
   // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
   // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
   // resize() and reset_replicas() fold the local steps since the last sync into z before they
-  // start the replicas from it; the tuner ends its windows on sync rounds, so its resizes have
-  // nothing to fold. A checkpoint holds z as of the last sync.
+  // start the replicas from it; the tuner ends its windows on sync rounds, so the resizes after
+  // its windows have nothing to fold. A checkpoint holds z as of the last sync.
   int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.
@@ -145,7 +145,8 @@ class LearnerGroup {
   // Rebuilds the group as k learners of `threads` threads each, every replica starting from z with
   // the optimizer state (momentum) of an old replica (new learner j takes that of old learner j mod
   // the old count), and z goes on with its own momentum (SMA's last move), so a change of
-  // configuration restarts neither.
+  // configuration restarts neither. Under a sync period z first takes the old replicas' steps
+  // since the last sync (fold_local_steps()).
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
@@ -201,8 +202,9 @@ class LearnerGroup {
   void reset_replicas();
   // The learners train at TrainOptions::learning_rate x the lr scaling's factor for their count x
   // `factor`. fit() sets it from the step decay (TrainOptions::lr_drop_epochs) at each epoch, a
-  // resumed run's first too. A change is a learning-rate drop: every replica is reset to z
-  // (DESIGN.md section 3). Throws on a factor that is not positive and finite.
+  // resumed run's first too. A change is a learning-rate drop: under SMA every replica is reset
+  // to z (DESIGN.md section 3; synchronous SGD's replicas are z's copies already). Throws on a
+  // factor that is not positive and finite.
   void set_learning_rate_factor(double factor);
   double learning_rate_factor() const { return lr_factor_; }
   // The rate every learner trains at now.
@@ -237,9 +239,10 @@ class LearnerGroup {
   };
   void build(int learners, int threads_per_learner, bool carry_state = false);
   // Under a sync period z holds the replicas' steps up to the last sync round only. Before the
-  // replicas are reset to z or rebuilt from it, one SMA pass folds the steps since then in, each
-  // replica's parameters standing for its snapshot (c_j = alpha (w_j - z)). Nothing to do at a
-  // sync round, with one learner alone, or at a period of 1.
+  // replicas are reset to z or rebuilt from it, an extra sync round folds the steps since then in:
+  // SMA's pass with each replica's parameters standing for its snapshot (c_j = alpha (w_j - z)),
+  // z's momentum included as at every sync. Nothing to do at a sync round, with one learner
+  // alone, or at a period of 1.
   void fold_local_steps();
   ModelSpec model_;
   TrainOptions train_;

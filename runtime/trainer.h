@@ -85,7 +85,7 @@ struct EpochReport {
   double mean_loss = 0.0;
   double train_accuracy = 0.0;
   double test_accuracy = -1.0;  // -1: not evaluated
-  double learning_rate = 0.0;   // the rate the epoch trained at (a learner's, with lr scaling)
+  double learning_rate = 0.0;   // the rate at the epoch's end (a learner's: with lr scaling, at its count then)
   double seconds = 0.0;
   double samples_per_second = 0.0;
 };

@@ -1,14 +1,16 @@
-// Small synthetic data, a one-thread serial recipe and staleness options for the learner and
-// checkpoint tests.
+// Small synthetic data, a one-thread serial recipe, staleness options and the textbook's side of
+// two learners (plain trainers and SmaSync) for the learner and checkpoint tests.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "runtime/learners.h"
+#include "runtime/sma.h"
 #include "runtime/trainer.h"
 
 namespace quiver::learner_test {
@@ -57,6 +59,36 @@ inline LearnerOptions stale(int learners, int staleness, double alpha = -1.0) {
   LearnerOptions options{learners, 1, SmaOptions{alpha, 0.9}};
   options.staleness = staleness;
   return options;
+}
+
+// The textbook's side of two CPU learners of batch 8: two plain trainers, each stepping on its
+// half of a round's samples; `params` and `snapshots` (from before the last step) are what
+// SmaSync::round() averages.
+struct PlainPair {
+  explicit PlainPair(const ModelSpec& model, const TrainOptions& train = recipe()) {
+    for (int j = 0; j < 2; ++j) trainers.push_back(std::make_unique<Trainer>(model, train));
+  }
+  void step(const Batches& data) {
+    params.clear(), snapshots.clear();
+    for (int j = 0; j < 2; ++j) {
+      params.push_back(trainers[j]->params().flat_params());
+      snapshots.push_back(copy_of(params[j]));
+      trainers[j]->train_step(data.images.data() + j * 8 * 784, data.labels.data() + j * 8);
+    }
+  }
+  const Tensor& w(int j) const { return trainers[j]->params().flat_params(); }
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  std::vector<Tensor> params, snapshots;
+};
+
+// `rounds` rounds of `group` beside the plain pair's steps, each followed by the textbook round.
+inline void rounds_in_lockstep(LearnerGroup& group, PlainPair& plain, SmaSync& textbook, const Batches& data,
+                               int rounds) {
+  for (int round = 0; round < rounds; ++round) {
+    group.round(data.images.data(), data.labels.data());
+    plain.step(data);
+    textbook.round(plain.params, plain.snapshots);
+  }
 }
 
 // The step a "training stopped: loss is nan at step N" error names; -1 when it names none.

@@ -1,8 +1,8 @@
 // Learners: one learner with alpha 0 against plain momentum SGD, two learners against plain SGD
 // steps and the textbook SMA round for each model, reproducibility, convergence of several
-// learners, bad options, the tuner, memory checks, synchronous SGD and the learning-rate rules.
-// The staleness bound: test_learner_staleness.cpp. SmaSync itself: test_sma.cpp. Checkpoints:
-// test_checkpoint.cpp.
+// learners, a sync period, bad options, the tuner, memory checks and synchronous SGD. The
+// learning rate (scaling rules, drops, the step decay): test_learner_rates.cpp. The staleness
+// bound: test_learner_staleness.cpp. SmaSync itself: test_sma.cpp. Checkpoints: test_checkpoint.cpp.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -25,39 +25,12 @@ namespace {
 
 using learner_test::Batches;
 using learner_test::copy_of;
+using learner_test::PlainPair;
 using learner_test::recipe;
+using learner_test::rounds_in_lockstep;
 using learner_test::small_dataset;
 using learner_test::stale;
 using learner_test::step_named;
-
-// The textbook's side of two CPU learners of batch 8: two plain trainers, each stepping on its
-// half of a round's samples; `params` and `snapshots` (from before the last step) are what
-// SmaSync::round() averages.
-struct PlainPair {
-  explicit PlainPair(const ModelSpec& model, const TrainOptions& train = recipe()) {
-    for (int j = 0; j < 2; ++j) trainers.push_back(std::make_unique<Trainer>(model, train));
-  }
-  void step(const Batches& data) {
-    params.clear(), snapshots.clear();
-    for (int j = 0; j < 2; ++j) {
-      params.push_back(trainers[j]->params().flat_params());
-      snapshots.push_back(copy_of(params[j]));
-      trainers[j]->train_step(data.images.data() + j * 8 * 784, data.labels.data() + j * 8);
-    }
-  }
-  const Tensor& w(int j) const { return trainers[j]->params().flat_params(); }
-  std::vector<std::unique_ptr<Trainer>> trainers;
-  std::vector<Tensor> params, snapshots;
-};
-
-// `rounds` rounds of `group` beside the plain pair's steps, each followed by the textbook round.
-void rounds_in_lockstep(LearnerGroup& group, PlainPair& plain, SmaSync& textbook, const Batches& data, int rounds) {
-  for (int round = 0; round < rounds; ++round) {
-    group.round(data.images.data(), data.labels.data());
-    plain.step(data);
-    textbook.round(plain.params, plain.snapshots);
-  }
-}
 
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
 TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
@@ -143,118 +116,6 @@ TEST(Learners, ASyncPeriodAveragesEveryNthRoundOnly) {
     EXPECT_GT(moved, 0.0) << model.name << ": z never moved";
     EXPECT_GT(apart, 0.0) << model.name;
   }
-}
-
-// A learning-rate drop (DESIGN.md section 3): every replica becomes z, z's momentum is cleared,
-// and the learners go on at the new rate. The reference: the plain trainers set to z at the new
-// rate and the textbook round reset the same way, for two more rounds.
-TEST(Learners, ALearningRateDropResetsEveryReplicaToZ) {
-  Batches data(2 * 8, 31);
-  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{0.5, 0.9}});
-  PlainPair plain(models::mlp());
-  Tensor z = copy_of(group.average());
-  SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
-  rounds_in_lockstep(group, plain, textbook, data, 3);
-  group.set_learning_rate_factor(0.5);
-  EXPECT_DOUBLE_EQ(group.learning_rate(), 0.005);
-  EXPECT_DOUBLE_EQ(group.learning_rate_factor(), 0.5);
-  const Tensor& average = group.average();
-  for (int j = 0; j < 2; ++j)
-    for (int64_t i = 0; i < average.numel(); ++i)
-      ASSERT_EQ(group.replica(j).flat_params().f32()[i], average.f32()[i]) << "w" << j << "[" << i << "]";
-  std::vector<Tensor> replicas = {plain.w(0), plain.w(1)};
-  textbook.reset_replicas(replicas);
-  for (auto& trainer : plain.trainers) trainer->set_learning_rate(0.005);
-  rounds_in_lockstep(group, plain, textbook, data, 2);
-  for (int64_t i = 0; i < z.numel(); ++i) {
-    ASSERT_NEAR(group.average().f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
-    for (int j = 0; j < 2; ++j)
-      ASSERT_NEAR(group.replica(j).flat_params().f32()[i], plain.w(j).f32()[i], 1e-6) << "w" << j << "[" << i << "]";
-  }
-  // The same factor again is no drop: nothing is reset.
-  const Tensor before = copy_of(group.replica(0).flat_params());
-  group.set_learning_rate_factor(0.5);
-  for (int64_t i = 0; i < before.numel(); ++i) ASSERT_EQ(group.replica(0).flat_params().f32()[i], before.f32()[i]);
-  EXPECT_THROW(group.set_learning_rate_factor(0.0), Error);
-  EXPECT_THROW(group.set_learning_rate_factor(std::nan("")), Error);
-}
-
-// Under a sync period z holds the steps up to the last sync round only: a drop (reset_replicas)
-// or a resize in the middle of a period first folds the local steps since then into z, one SMA
-// pass with each replica's parameters as its snapshot, so none is lost. Period 3, four rounds:
-// the fourth is a local step, and z must take it.
-TEST(Learners, UnderASyncPeriodADropOrAResizeFoldsTheLocalStepsIntoZ) {
-  for (const bool resize : {false, true}) {
-    SCOPED_TRACE(resize ? "resize" : "reset_replicas");
-    Batches data(2 * 8, 37);
-    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
-    options.sync_period = 3;
-    LearnerGroup group(models::mlp(), recipe(), options);
-    PlainPair plain(models::mlp());
-    Tensor z = copy_of(group.average());
-    SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
-    for (int round = 1; round <= 4; ++round) {
-      group.round(data.images.data(), data.labels.data());
-      plain.step(data);
-      if (round % 3 == 0) textbook.round(plain.params, plain.snapshots);
-    }
-    const Tensor at_last_sync = copy_of(z);
-    if (resize)
-      group.resize(2, 1);
-    else
-      group.reset_replicas();
-    const std::vector<Tensor> now = {copy_of(plain.w(0)), copy_of(plain.w(1))};
-    textbook.round(plain.params, now);
-    double folded = 0.0;
-    for (int64_t i = 0; i < z.numel(); ++i) {
-      ASSERT_NEAR(group.average().f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
-      for (int j = 0; j < 2; ++j)
-        ASSERT_EQ(group.replica(j).flat_params().f32()[i], group.average().f32()[i]) << "w" << j << "[" << i << "]";
-      folded += std::abs(z.f32()[i] - at_last_sync.f32()[i]);
-    }
-    EXPECT_GT(folded, 0.0) << "the fourth round's steps were not folded in";
-    // Folded once: a second reset right after changes nothing.
-    const Tensor after = copy_of(group.average());
-    group.reset_replicas();
-    for (int64_t i = 0; i < after.numel(); ++i) ASSERT_EQ(group.average().f32()[i], after.f32()[i]) << i;
-  }
-}
-
-// fit() follows the step decay: a drop at epoch 2 trains as a factor set by hand between two
-// fits, bit for bit; each epoch reports its rate; a run resumed from a checkpoint after epoch 1
-// trains epoch 2 at the dropped rate.
-TEST(Learners, FitFollowsTheStepDecay) {
-  const Dataset train = small_dataset(48, 11);  // 6 batches of 8: 3 rounds of 2 learners an epoch
-  TrainOptions decayed = recipe();
-  decayed.lr_drop_epochs = {2};
-  decayed.lr_drop_factor = 0.5;
-  const LearnerOptions two{2, 1, SmaOptions{}};
-  LearnerGroup scheduled(models::mlp(), decayed, two);
-  const TrainReport report = scheduled.fit(train, nullptr, 2);
-  ASSERT_EQ(report.epochs.size(), 2u);
-  EXPECT_DOUBLE_EQ(report.epochs[0].learning_rate, 0.01);
-  EXPECT_DOUBLE_EQ(report.epochs[1].learning_rate, 0.005);
-  LearnerGroup by_hand(models::mlp(), recipe(), two);
-  by_hand.fit(train, nullptr, 1);
-  by_hand.set_learning_rate_factor(0.5);
-  by_hand.fit(train, nullptr, 1);
-  const Tensor &a = scheduled.average(), &b = by_hand.average();
-  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "z[" << i << "]";
-  LearnerGroup constant(models::mlp(), recipe(), two);
-  constant.fit(train, nullptr, 2);
-  double apart = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) apart += std::abs(a.f32()[i] - constant.average().f32()[i]);
-  EXPECT_GT(apart, 0.0) << "the decay changed nothing";
-  const std::string path = ::testing::TempDir() + "/step_decay.ckpt";
-  LearnerGroup first(models::mlp(), decayed, two);
-  first.fit(train, nullptr, 1);
-  first.save(path);
-  LearnerGroup resumed(models::mlp(), decayed, two);
-  resumed.load(path);
-  const TrainReport second = resumed.fit(train, nullptr, 1);
-  EXPECT_EQ(second.epochs.at(0).epoch, 2);
-  EXPECT_DOUBLE_EQ(second.epochs.at(0).learning_rate, 0.005);
-  std::remove(path.c_str());
 }
 
 // One learner with the default alpha has nothing to average: it is single-stream training, and z
@@ -819,84 +680,6 @@ TEST(Learners, SynchronousSgdEqualsOneLearnerOfTheCombinedBatch) {
   for (int64_t i = 0; i < z.numel(); ++i) ASSERT_NEAR(z.f32()[i], w.f32()[i], 1e-5 * std::abs(w.f32()[i]) + 1e-6) << i;
   for (int j = 0; j < 3; ++j)  // every learner holds the one model
     for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(group.replica(j).flat_params().f32()[i], z.f32()[i]);
-}
-
-// Under SMA with alpha 0 (no corrections) learner 0 of k is plain momentum SGD on its batches at
-// the rate `rule` gives k learners: `factor` x lr, bit for bit, and not at lr itself.
-void expect_learner0_trains_at(LrScaling rule, int learners, double factor) {
-  Batches data(learners * 8, 37);
-  LearnerOptions sma{learners, 1, SmaOptions{0.0, 0.9}};
-  sma.lr_scaling = rule;
-  LearnerGroup group(models::mlp(), recipe(), sma);
-  TrainOptions scaled = recipe();
-  scaled.learning_rate *= factor;
-  Trainer plain(models::mlp(), scaled), unscaled(models::mlp(), recipe());
-  for (int step = 0; step < 5; ++step) {
-    group.round(data.images.data(), data.labels.data());  // learner 0: the first 8 samples
-    plain.train_step(data.images.data(), data.labels.data());
-    unscaled.train_step(data.images.data(), data.labels.data());
-  }
-  const Tensor& w0 = group.replica(0).flat_params();
-  bool differs_from_unscaled = false;
-  for (int64_t i = 0; i < w0.numel(); ++i) {
-    ASSERT_EQ(w0.f32()[i], plain.params().flat_params().f32()[i]) << "parameter " << i;
-    differs_from_unscaled = differs_from_unscaled || w0.f32()[i] != unscaled.params().flat_params().f32()[i];
-  }
-  EXPECT_TRUE(differs_from_unscaled);
-}
-
-// The linear scaling rule (LrScaling::Linear): k learners train at k x the learning rate. Under
-// SMA 2 learners train at 2 x lr; under synchronous SGD, 3 learners of batch 8 equal one learner
-// of batch 24 at 3 x lr; and one learner is unchanged (single-stream training, lr as given).
-TEST(Learners, LinearScalingTrainsKLearnersAtKTimesTheRate) {
-  expect_learner0_trains_at(LrScaling::Linear, 2, 2.0);
-  Batches data(3 * 8, 37);
-  LearnerOptions ssgd{3, 1, SmaOptions{}};
-  ssgd.sync = Sync::Ssgd;
-  ssgd.lr_scaling = LrScaling::Linear;
-  LearnerGroup three(models::mlp(), recipe(), ssgd);
-  TrainOptions big = recipe();
-  big.batch = 24;
-  big.eval_batch = 24;
-  big.learning_rate *= 3;
-  Trainer single(models::mlp(), big);
-  for (int step = 0; step < 5; ++step) {
-    three.round(data.images.data(), data.labels.data());
-    single.train_step(data.images.data(), data.labels.data());
-  }
-  const Tensor& z = three.average();
-  const Tensor& w = single.params().flat_params();
-  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_NEAR(z.f32()[i], w.f32()[i], 1e-5 * std::abs(w.f32()[i]) + 1e-6) << i;
-
-  LearnerOptions one{1, 1, SmaOptions{}};
-  one.lr_scaling = LrScaling::Linear;
-  LearnerGroup alone(models::mlp(), recipe(), one);
-  Trainer reference(models::mlp(), recipe());
-  for (int step = 0; step < 5; ++step) {
-    alone.round(data.images.data(), data.labels.data());
-    reference.train_step(data.images.data(), data.labels.data());
-  }
-  const Tensor& z1 = alone.average();
-  for (int64_t i = 0; i < z1.numel(); ++i) ASSERT_EQ(z1.f32()[i], reference.params().flat_params().f32()[i]) << i;
-}
-
-// The square-root rule (LrScaling::Sqrt): 4 learners train at 2 x lr (exact in floats), 2 at
-// sqrt(2) x lr, one at lr; the rule's name is parsed, and a wrong one refused with the choices.
-TEST(Learners, SqrtScalingTrainsKLearnersAtRootKTimesTheRate) {
-  expect_learner0_trains_at(LrScaling::Sqrt, 4, 2.0);
-  EXPECT_DOUBLE_EQ(lr_scale(LrScaling::Sqrt, 2), std::sqrt(2.0));
-  EXPECT_EQ(lr_scale(LrScaling::Sqrt, 1), 1.0);
-  EXPECT_EQ(lr_scale(LrScaling::None, 8), 1.0);
-  EXPECT_EQ(lr_scale(LrScaling::Linear, 8), 8.0);
-  EXPECT_EQ(parse_lr_scaling("sqrt"), LrScaling::Sqrt);
-  EXPECT_EQ(parse_lr_scaling("linear"), LrScaling::Linear);
-  EXPECT_EQ(parse_lr_scaling("none"), LrScaling::None);
-  try {
-    parse_lr_scaling("cubic");
-    FAIL() << "an unknown rule was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("none, linear or sqrt"), std::string::npos) << error.what();
-  }
 }
 
 // Learners of several threads each that together outnumber the cores (quiver-train warns) get

@@ -1,0 +1,58 @@
+// LearnerGroup's checkpoints of the average model z: written atomically with a checksum
+// (runtime/checkpoint.h); a load verifies the file before it touches the running model.
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/checkpoint.h"
+#include "runtime/learners.h"
+
+namespace quiver {
+
+void LearnerGroup::save(const std::string& path) const {
+  const Tensor& z = average();  // every learner settled, the device SMA drained
+  CheckpointInfo info;
+  info.model = model_.name;
+  info.rounds = rounds_done_;
+  info.epochs_done = epochs_done_;
+  info.epoch_samples = epoch_samples_done_;
+  info.seed = train_.seed;
+  info.seed_known = true;
+  info.data_samples = epoch_samples_done_ > 0 ? epoch_data_samples_ : 0;
+  save_checkpoint(path, average_->params(), z, info);
+}
+
+void LearnerGroup::load(const std::string& path) {
+  // Read into a scratch buffer first: a bad file leaves the running model untouched.
+  const Tensor& z = average_->params().flat_params();
+  Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
+  CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
+  settle();
+  drain();
+  refresh_average();
+  // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.
+  const Tensor previous = z.to_cpu();  // on the host: device memory is what build() may run short of
+  const int64_t previous_rounds = rounds_done_;
+  z.copy_from(scratch);
+  rounds_done_ = info.rounds;  // before build(): a traced replica numbers its steps from it
+  try {
+    build(learners(), threads_per_learner_);
+  } catch (...) {
+    z.copy_from(previous);
+    rounds_done_ = previous_rounds;
+    throw;
+  }
+  average_stale_ = false;  // z is the checkpoint's now, not the replica's
+  if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
+  epochs_done_ = info.epochs_done;
+  // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
+  epoch_samples_done_ = info.epoch_samples;
+  epoch_data_samples_ = info.data_samples;
+  if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
+    warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,
+             info.seed_known ? cat(" of seed ", info.seed, "; this run's seed is ", train_.seed)
+                             : std::string(" without its data order's seed"),
+             ": that epoch starts again"));
+    epoch_samples_done_ = 0;
+  }
+}
+
+}  // namespace quiver
