@@ -274,7 +274,6 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       learning_rate_ = options_.learning_rate * learning_rate_factor_at(options_, number);
     EpochReport epoch_report;
     epoch_report.epoch = number;
-    epoch_report.learning_rate = learning_rate_;
     const double epoch_start = clock.training_seconds();
     double loss_sum = 0.0;
     int64_t correct = 0;
@@ -300,6 +299,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
       if (!last) keep_going = clock.between_batches(number, global - 1, global);
     }
     epoch_report.seconds = clock.training_seconds() - epoch_start;
+    epoch_report.learning_rate = learning_rate_;
     epoch_report.mean_loss = loss_sum / std::max<int64_t>(1, epoch_report.steps);
     epoch_report.train_accuracy =
         options_.train_accuracy ? static_cast<double>(correct) / std::max<int64_t>(1, epoch_report.steps * options_.batch)
