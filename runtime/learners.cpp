@@ -134,7 +134,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     throw Error(cat("learners: ", learners, " learner(s) cannot cover ", devices_.size(), " devices"));
   TrainOptions replica = train_;
   replica.threads = threads_per_learner;
-  replica.learning_rate *= lr_scale(options_.lr_scaling, learners) * lr_factor_;
+  replica.learning_rate = learner_learning_rate(learners, lr_factor_);
   replica.lr_drop_epochs.clear();  // the group follows the step decay (set_learning_rate_factor)
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
@@ -256,6 +256,10 @@ void LearnerGroup::fold_local_steps() {
   last_sync_round_ = rounds_done_;
 }
 
+double LearnerGroup::learner_learning_rate(int learners, double factor) const {
+  return train_.learning_rate * lr_scale(options_.lr_scaling, learners) * factor;
+}
+
 void LearnerGroup::set_learning_rate_factor(double factor) {
   if (!(factor > 0.0) || !std::isfinite(factor))
     throw Error(cat("learning-rate factor must be a positive number, got ", factor));
@@ -264,7 +268,7 @@ void LearnerGroup::set_learning_rate_factor(double factor) {
   // Reset first: where it throws (a learner's error surfacing), the rate is unchanged and a
   // second call drops it again.
   if (options_.sync == Sync::Sma) reset_replicas();
-  const double rate = train_.learning_rate * lr_scale(options_.lr_scaling, learners()) * factor;
+  const double rate = learner_learning_rate(learners(), factor);
   for (auto& learner : learners_) learner->trainer->set_learning_rate(rate);
   lr_factor_ = factor;
 }

@@ -244,6 +244,9 @@ class LearnerGroup {
   // z's momentum included as at every sync. Nothing to do at a sync round, with one learner
   // alone, or at a period of 1.
   void fold_local_steps();
+  // The rate each of `learners` learners trains at under the drop factor `factor`: the recipe's
+  // rate x the lr scaling's factor for that count x `factor`.
+  double learner_learning_rate(int learners, double factor) const;
   ModelSpec model_;
   TrainOptions train_;
   LearnerOptions options_;
