@@ -739,6 +739,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       ++epochs_done_, epoch_samples_done_ = 0;
       continue;
     }
+    // Under a sync period an epoch ends holding every step in z: its evaluation, and a checkpoint
+    // saved after it, see the local steps since the last sync (one more sync, on the epoch's clock).
+    fold_local_steps();
     settle();  // the epoch's samples/s count finished steps only (and, on a GPU, SMA's last pass)
     drain();
     epoch_report.steps = epoch_rounds;

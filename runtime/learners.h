@@ -121,8 +121,10 @@ struct LearnerOptions {
   // every period and the replicas drift apart in between: two MLP learners at 4 needed 1.4-2.3x
   // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
   // resize() and reset_replicas() fold the local steps since the last sync into z before they
-  // start the replicas from it; the tuner ends its windows on sync rounds, so the resizes after
-  // its windows have nothing to fold. A checkpoint holds z as of the last sync.
+  // start the replicas from it, and fit() does at the end of every epoch (before z is evaluated
+  // and saved); the tuner ends its windows on sync rounds, so the resizes after its windows have
+  // nothing to fold. Evaluations inside an epoch (eval_every) and round() alone see z as of the
+  // last sync.
   int sync_period = 1;
   // The learning rate of k learners (LrScaling): applies to SMA and synchronous SGD alike, and
   // follows k when the tuner changes it. None by default.
@@ -153,7 +155,8 @@ class LearnerGroup {
   // `test` after each epoch. Samples/s count every learner's samples. An epoch cut short before
   // (max_rounds, a callback, a checkpoint saved then) goes on where it stopped (over a training set
   // of the same size; otherwise it starts again, with a warning), and counts as the first of the
-  // `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first).
+  // `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first). Under a
+  // sync period every epoch, a cut one too, ends by folding its local steps into z.
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included), off the training clock (the tuner's

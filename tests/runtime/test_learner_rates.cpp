@@ -1,8 +1,9 @@
 // The learners' learning rate: the scaling rules for k learners (LrScaling), a learning-rate
 // drop (every replica reset to z, DESIGN.md section 3), the step decay fit() follows, and the
-// fold of a sync period's local steps into z before a reset or a resize.
+// fold of a sync period's local steps into z before a reset or a resize and at an epoch's end.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -165,6 +166,51 @@ TEST(Learners, UnderASyncPeriodADropOrAResizeFoldsTheLocalStepsIntoZ) {
       folded += std::abs(z.f32()[i] - at_last_sync.f32()[i]);
     }
     EXPECT_GT(folded, 0.0) << "the fourth round's steps were not folded in";
+  }
+}
+
+// fit() ends every epoch with z holding every step: under period 2 an epoch of three rounds ends
+// on a local step, which z takes before the epoch's callback (where a checkpoint is saved) sees
+// it; the second epoch (rounds 4-6) keeps the period's phase and ends on a sync round. Every
+// sample is the same, so fit()'s shuffled batches are the batches the textbook's trainers take.
+TEST(Learners, UnderASyncPeriodAnEpochEndsWithItsLocalStepsFoldedIntoZ) {
+  Batches data(6 * 8, 37);
+  for (int64_t i = 1; i < 6 * 8; ++i) {
+    std::copy_n(data.images.begin(), 784, data.images.begin() + i * 784);
+    data.labels[i] = data.labels[0];
+  }
+  Dataset train;
+  train.count = 6 * 8, train.rows = 28, train.cols = 28;
+  train.images = data.images, train.labels = data.labels;
+  LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
+  options.sync_period = 2;
+  LearnerGroup group(models::mlp(), recipe(), options);
+  PlainPair plain(models::mlp());
+  Tensor z = copy_of(group.average());
+  SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
+  std::vector<Tensor> seen;  // z as each epoch's callback sees it
+  group.on_epoch([&](const EpochReport&) {
+    seen.push_back(copy_of(group.average()));
+    return true;
+  });
+  group.fit(train, nullptr, 2);
+  ASSERT_EQ(seen.size(), 2u);
+  for (int round = 1; round <= 6; ++round) {
+    plain.step(data);
+    if (round % 2 == 0) textbook.round(plain.params, plain.snapshots);
+    if (round % 3 != 0) continue;
+    SCOPED_TRACE("epoch " + std::to_string(round / 3));
+    const Tensor before_fold = copy_of(z);
+    if (round == 3) {
+      const std::vector<Tensor> now = {copy_of(plain.w(0)), copy_of(plain.w(1))};
+      textbook.round(plain.params, now);
+    }
+    double folded = 0.0;
+    for (int64_t i = 0; i < z.numel(); ++i) {
+      ASSERT_NEAR(seen[round / 3 - 1].f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
+      folded += std::abs(z.f32()[i] - before_fold.f32()[i]);
+    }
+    if (round == 3) EXPECT_GT(folded, 0.0) << "round 3's steps were not folded in";
   }
 }
 
