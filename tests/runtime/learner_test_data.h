@@ -27,15 +27,17 @@ struct Batches {
   std::vector<int32_t> labels;
 };
 
-// The samples of Batches(count, seed) as a Dataset.
-inline Dataset small_dataset(int64_t count, int seed) {
-  Batches data(count, seed);
+// `data`'s samples as a Dataset.
+inline Dataset dataset_of(const Batches& data) {
   Dataset set;
-  set.count = count, set.rows = 28, set.cols = 28;
+  set.count = static_cast<int64_t>(data.labels.size()), set.rows = 28, set.cols = 28;
   set.images = data.images;
   set.labels = data.labels;
   return set;
 }
+
+// The samples of Batches(count, seed) as a Dataset.
+inline Dataset small_dataset(int64_t count, int seed) { return dataset_of(Batches(count, seed)); }
 
 // A tensor of its own with t's values.
 inline Tensor copy_of(const Tensor& t) {
@@ -58,6 +60,13 @@ inline TrainOptions recipe() {
 inline LearnerOptions stale(int learners, int staleness, double alpha = -1.0) {
   LearnerOptions options{learners, 1, SmaOptions{alpha, 0.9}};
   options.staleness = staleness;
+  return options;
+}
+
+// Two one-thread learners under SMA (alpha 1/2, mu_z 0.9) that sync every `period` rounds.
+inline LearnerOptions two_syncing_every(int period) {
+  LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
+  options.sync_period = period;
   return options;
 }
 

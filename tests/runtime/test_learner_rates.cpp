@@ -140,9 +140,7 @@ TEST(Learners, UnderASyncPeriodADropOrAResizeFoldsTheLocalStepsIntoZ) {
   for (const bool resize : {false, true}) {
     SCOPED_TRACE(resize ? "resize" : "reset_replicas");
     Batches data(2 * 8, 37);
-    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
-    options.sync_period = 3;
-    LearnerGroup group(models::mlp(), recipe(), options);
+    LearnerGroup group(models::mlp(), recipe(), two_syncing_every(3));
     PlainPair plain(models::mlp());
     Tensor z = copy_of(group.average());
     SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
@@ -179,12 +177,7 @@ TEST(Learners, UnderASyncPeriodAnEpochEndsWithItsLocalStepsFoldedIntoZ) {
     std::copy_n(data.images.begin(), 784, data.images.begin() + i * 784);
     data.labels[i] = data.labels[0];
   }
-  Dataset train;
-  train.count = 6 * 8, train.rows = 28, train.cols = 28;
-  train.images = data.images, train.labels = data.labels;
-  LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
-  options.sync_period = 2;
-  LearnerGroup group(models::mlp(), recipe(), options);
+  LearnerGroup group(models::mlp(), recipe(), two_syncing_every(2));
   PlainPair plain(models::mlp());
   Tensor z = copy_of(group.average());
   SmaSync textbook(z, 2, SmaOptions{0.5, 0.9});
@@ -193,7 +186,7 @@ TEST(Learners, UnderASyncPeriodAnEpochEndsWithItsLocalStepsFoldedIntoZ) {
     seen.push_back(copy_of(group.average()));
     return true;
   });
-  group.fit(train, nullptr, 2);
+  group.fit(dataset_of(data), nullptr, 2);
   ASSERT_EQ(seen.size(), 2u);
   for (int round = 1; round <= 6; ++round) {
     plain.step(data);
@@ -210,7 +203,9 @@ TEST(Learners, UnderASyncPeriodAnEpochEndsWithItsLocalStepsFoldedIntoZ) {
       ASSERT_NEAR(seen[round / 3 - 1].f32()[i], z.f32()[i], 1e-6) << "z[" << i << "]";
       folded += std::abs(z.f32()[i] - before_fold.f32()[i]);
     }
-    if (round == 3) EXPECT_GT(folded, 0.0) << "round 3's steps were not folded in";
+    if (round == 3) {
+      EXPECT_GT(folded, 0.0) << "round 3's steps were not folded in";
+    }
   }
 }
 

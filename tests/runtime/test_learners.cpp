@@ -31,6 +31,7 @@ using learner_test::rounds_in_lockstep;
 using learner_test::small_dataset;
 using learner_test::stale;
 using learner_test::step_named;
+using learner_test::two_syncing_every;
 
 // k = 1 and alpha = 0: SMA changes nothing, so the learner is plain momentum SGD, bit for bit.
 TEST(Learners, OneLearnerWithAlphaZeroIsPlainMomentumSgd) {
@@ -86,9 +87,7 @@ TEST(Learners, ASyncPeriodAveragesEveryNthRoundOnly) {
                                      std::pair{models::mlp(), adam}}) {
     SCOPED_TRACE(model.name + ", " + train.optimizer);
     Batches data(2 * 8, 29);
-    LearnerOptions options{2, 1, SmaOptions{0.5, 0.9}};
-    options.sync_period = 3;
-    LearnerGroup group(model, train, options);
+    LearnerGroup group(model, train, two_syncing_every(3));
     PlainPair plain(model, train);
     Tensor z = copy_of(group.average());
     const Tensor start = copy_of(z);
