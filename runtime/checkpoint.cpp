@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "runtime/atomic_file.h"
+#include "runtime/json_text.h"
 
 namespace quiver {
 
@@ -41,7 +42,7 @@ int64_t header_count(const nlohmann::json& header, const char* name) {
   constexpr int64_t kMost = int64_t{1} << 48;
   if (!value.is_number_integer() || (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{kMost}) ||
       value.get<int64_t>() < 0 || value.get<int64_t>() > kMost)
-    throw Error(cat("\"", name, "\" is ", value.dump(), ", not a count in [0, 2^48]"));
+    throw Error(cat("\"", name, "\" is ", json_for_message(value), ", not a count in [0, 2^48]"));
   return value.get<int64_t>();
 }
 
@@ -138,14 +139,15 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
     header = nlohmann::json::parse(text.substr(magic + sizeof(header_bytes), header_bytes));
     if (!header.is_object()) throw Error("the header is not an object");
     holds = header.value("model", "?");
-    flat_size = header.value("flat_size", int64_t{-1});
+    // A count like the others: a float of 1e300 would convert with undefined behaviour.
+    flat_size = header.contains("flat_size") ? header_count(header, "flat_size") : -1;
     same_layout = header.contains("params") && header.at("params") == layout_json(layout);
     info.rounds = header_count(header, "rounds");
     info.epochs_done = header_count(header, "epochs_done");
     info.epoch_samples = header_count(header, "epoch_samples");
     if (header.contains("seed")) {
       if (!header.at("seed").is_number_unsigned() && !(header.at("seed").is_number_integer() && header.at("seed").get<int64_t>() >= 0))
-        throw Error(cat("\"seed\" is ", header.at("seed").dump(), ", not a seed"));
+        throw Error(cat("\"seed\" is ", json_for_message(header.at("seed")), ", not a seed"));
       info.seed = header.at("seed").get<uint64_t>();
       info.seed_known = true;
     }

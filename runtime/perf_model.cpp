@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/atomic_file.h"
+#include "runtime/json_text.h"
 
 namespace quiver {
 
@@ -330,8 +331,8 @@ bool PerfModel::read(const std::string& path, bool quiet) {
     if (!cache.is_object() || cache.value("format", "") != kCacheFormat)
       throw std::runtime_error("not a Quiver profile cache");
     if (cache.at("version").get<int>() != kCacheVersion || cache.at("quiver").get<std::string>() != kQuiverVersion) {
-      warn(cat("ignoring stale profile cache '", path, "' (format ", cache.at("version").dump(), ", Quiver ",
-               cache.contains("quiver") ? cache["quiver"].dump() : "unnamed", "; this is format ", kCacheVersion,
+      warn(cat("ignoring stale profile cache '", path, "' (format ", json_for_message(cache.at("version")), ", Quiver ",
+               cache.contains("quiver") ? json_for_message(cache["quiver"]) : "unnamed", "; this is format ", kCacheVersion,
                ", Quiver ", kQuiverVersion,
                "); ops will be profiled again"));
       return false;
@@ -354,8 +355,8 @@ bool PerfModel::read(const std::string& path, bool quiet) {
         const bool time_ok = seconds[i].is_number() && seconds[i].get<double>() >= kShortestCached &&
                              seconds[i].get<double>() <= kLongestCached;
         if (!count_ok || !time_ok)
-          throw std::runtime_error(cat("op '", key, "' has an invalid entry (", threads[i].dump(), " threads, ",
-                                       seconds[i].dump(), " s)"));
+          throw std::runtime_error(cat("op '", key, "' has an invalid entry (", json_for_message(threads[i]), " threads, ",
+                                       json_for_message(seconds[i]), " s)"));
         loaded[key].samples[threads[i].get<int>()].push_back(seconds[i].get<double>());
       }
     }

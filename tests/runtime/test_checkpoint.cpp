@@ -301,6 +301,13 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   expect_rejected(crafted(edited("\"epoch_samples\":0", "\"epoch_samples\":-1"), data), "\"epoch_samples\" is -1");
   expect_rejected(crafted(edited("\"seed\":1", "\"seed\":-1"), data), "\"seed\" is -1, not a seed");
   expect_rejected(crafted(edited("\"epochs_done\":0", "\"epochs_done\":3"), data), "3 epochs done");
+  expect_rejected(crafted(edited(cat("\"flat_size\":", group.average().numel()), "\"flat_size\":1e300"), data),
+                  "\"flat_size\" is 1e+300, not a count");
+  // A value nested a million deep (the parser reads it without recursion): named by its kind, not
+  // printed, which recursed once a level and overflowed the stack.
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  expect_rejected(crafted(edited("\"rounds\":0", "\"rounds\":" + deep), data), "\"rounds\" is an array of 1,");
+  expect_rejected(crafted(edited("\"seed\":1", "\"seed\":" + deep), data), "\"seed\" is an array of 1,");
   // The bytes are intact, but the model they hold had diverged: refused, not trained from.
   std::string diverged = data;
   const float nan = std::numeric_limits<float>::quiet_NaN();

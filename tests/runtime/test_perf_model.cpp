@@ -237,6 +237,13 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
     bad["ops"]["conv"]["threads"] = threads;
     expect_ignored(bad.dump(), "corrupt");
   }
+  {  // an entry nested a million deep is named by its kind: printing it recursed off the stack
+    bad = original;
+    bad["ops"]["conv"]["threads"] = {"DEEP", 2};
+    std::string text = bad.dump();
+    text.replace(text.find("\"DEEP\""), 6, std::string(1000000, '[') + std::string(1000000, ']'));
+    expect_ignored(text, "invalid entry (an array of 1 threads");
+  }
   for (double seconds : {1.7e308, 1e-12, 5e3}) {
     bad = original;
     bad["ops"]["conv"]["median_s"] = {seconds, 1e-3};
