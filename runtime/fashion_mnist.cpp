@@ -4,9 +4,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
+#include <new>
 
 #include "core/error.h"
 #include "runtime/idx.h"
+#include "runtime/memory.h"
 
 namespace quiver {
 namespace {
@@ -68,12 +71,18 @@ Dataset load_fashion_mnist(const std::string& dir, Split split) {
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
 
-  IdxArray images = read_idx(images_path);
+  // Each byte read becomes a float (an int32 label) beside it: a header that claims more than
+  // memory holds (a corrupt one, or a gzip file of a few MB that inflates to gigabytes) is refused
+  // before its data is inflated, naming the file, not left to the out-of-memory killer.
+  const int64_t available = available_memory_bytes();
+  const int64_t most = available > 0 ? available / static_cast<int64_t>(1 + sizeof(float))
+                                     : std::numeric_limits<int64_t>::max();
+  IdxArray images = read_idx(images_path, most);
   if (images.dims.size() != 3) {
     throw Error(cat("fashion-mnist: '", images_path, "' has ", images.dims.size(),
                     " dimensions; images must be 3-D (count, rows, cols)"));
   }
-  IdxArray labels = read_idx(labels_path);
+  IdxArray labels = read_idx(labels_path, most);
   if (labels.dims.size() != 1) {
     throw Error(cat("fashion-mnist: '", labels_path, "' has ", labels.dims.size(),
                     " dimensions; labels must be 1-D (count)"));
@@ -92,7 +101,13 @@ Dataset load_fashion_mnist(const std::string& dir, Split split) {
   result.rows = images.dims[1];
   result.cols = images.dims[2];
 
-  result.labels.resize(labels.data.size());
+  try {  // what memory held when the files were checked may have gone meanwhile
+    result.labels.resize(labels.data.size());
+    result.images.resize(images.data.size());
+  } catch (const std::bad_alloc&) {
+    throw Error(cat("fashion-mnist: out of memory for the ", images.data.size(), " pixels of '", images_path,
+                    "' as floats"));
+  }
   for (size_t i = 0; i < labels.data.size(); ++i) {
     const int32_t label = labels.data[i];
     if (label >= kNumClasses) {
@@ -102,7 +117,6 @@ Dataset load_fashion_mnist(const std::string& dir, Split split) {
     result.labels[i] = label;
   }
 
-  result.images.resize(images.data.size());
   // Division rather than multiplying by a rounded 1/255 keeps 255 mapping to exactly 1.0f.
   for (size_t i = 0; i < images.data.size(); ++i) {
     result.images[i] = static_cast<float>(images.data[i]) / 255.0f;

@@ -28,7 +28,8 @@ enum class Split { Train, Test };
 // Reads `<dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte`, preferring the `.gz` name and
 // falling back to the plain one. Throws quiver::Error naming the directory or files on a
 // missing directory or file, images that are not 3-D, labels that are not 1-D, an
-// image/label count mismatch, or a label outside 0..9.
+// image/label count mismatch, a label outside 0..9, or a file whose header claims more data than
+// available memory holds (checked before its data is read).
 Dataset load_fashion_mnist(const std::string& dir, Split split);
 
 }  // namespace quiver

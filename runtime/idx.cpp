@@ -1,6 +1,7 @@
 // IDX files, gzip-compressed or plain: one code path serves both `foo-ubyte.gz` and `foo-ubyte`
 // (reading inflates a file that starts with gzip's magic bytes and passes any other through;
-// writing uses zlib's gz* API). Not a parser of element types other than unsigned byte.
+// writing deflates in memory and replaces the file atomically). Not a parser of element types
+// other than unsigned byte.
 #include "runtime/idx.h"
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "runtime/atomic_file.h"
 
 namespace quiver {
 namespace {
@@ -33,22 +35,10 @@ constexpr int64_t kMaxElements = int64_t{1} << 40;
 // promises far more data than the file holds never makes us allocate the promised amount.
 constexpr int64_t kReadChunk = int64_t{1} << 22;
 
-struct GzCloser {
-  void operator()(gzFile_s* file) const { gzclose(file); }
-};
-using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
-
 struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
 using PlainFile = std::unique_ptr<std::FILE, FileCloser>;
-
-std::string gz_error_text(gzFile file) {
-  int code = Z_OK;
-  const char* text = gzerror(file, &code);
-  if (code == Z_ERRNO) return std::strerror(errno);
-  return text != nullptr ? text : "unknown zlib error";
-}
 
 std::string hex32(uint32_t value) {
   std::ostringstream out;
@@ -185,9 +175,41 @@ std::string dims_text(const std::vector<int64_t>& dims) {
   return out.str();
 }
 
+// `plain` as one gzip member (what gzip(1) writes), built in memory so the file can be written
+// atomically.
+std::string gzip_of(const std::string& plain, const std::string& path) {
+  z_stream stream{};
+  // 15 + 16: the largest window, with gzip's header and trailer instead of zlib's.
+  if (deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    throw Error(cat("idx '", path, "': cannot start a gzip stream"));
+  struct End {
+    z_stream& stream;
+    ~End() { deflateEnd(&stream); }
+  } end{stream};
+  std::string packed;
+  std::array<uint8_t, 1 << 16> out{};
+  size_t fed = 0;
+  int status = Z_OK;
+  while (status != Z_STREAM_END) {
+    if (stream.avail_in == 0 && fed < plain.size()) {  // deflate takes an unsigned length: pieces
+      const size_t piece = std::min<size_t>(plain.size() - fed, size_t{1} << 30);
+      stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(plain.data() + fed));
+      stream.avail_in = static_cast<uInt>(piece);
+      fed += piece;
+    }
+    stream.next_out = out.data();
+    stream.avail_out = static_cast<uInt>(out.size());
+    status = deflate(&stream, fed == plain.size() ? Z_FINISH : Z_NO_FLUSH);
+    if (status != Z_OK && status != Z_STREAM_END && status != Z_BUF_ERROR)
+      throw Error(cat("idx '", path, "': cannot compress: ", stream.msg ? stream.msg : "zlib error"));
+    packed.append(reinterpret_cast<const char*>(out.data()), out.size() - stream.avail_out);
+  }
+  return packed;
+}
+
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
+IdxArray read_idx(const std::string& path, int64_t max_bytes) {
   ByteSource file(path);
   std::array<uint8_t, 4> magic{};
   const int64_t magic_got = file.read(magic.data(), 4);
@@ -225,6 +247,9 @@ IdxArray read_idx(const std::string& path) {
     }
     elements *= dim;
   }
+  if (elements > max_bytes)
+    throw Error(cat("idx '", path, "': its header claims ", elements, " bytes of data (dims ", dims_text(result.dims),
+                    "), more than the ", max_bytes, " allowed (what memory holds; a corrupt header?)"));
 
   int64_t got = 0;
   while (got < elements) {
@@ -277,40 +302,9 @@ void write_idx(const std::string& path, const IdxArray& a, bool gzip) {
     }
   }
 
-  if (gzip) {
-    GzFile file(gzopen(path.c_str(), "wb"));
-    if (!file) {
-      throw Error(cat("idx '", path, "': cannot open for writing: ", std::strerror(errno)));
-    }
-    auto put = [&](const uint8_t* bytes, size_t size) {
-      if (size == 0) return;
-      if (gzfwrite(bytes, 1, size, file.get()) != size) {
-        throw Error(cat("idx '", path, "': cannot write: ", gz_error_text(file.get())));
-      }
-    };
-    put(header.data(), header.size());
-    put(a.data.data(), a.data.size());
-    // gzclose flushes the compressor, so its status is the one that says the file is whole.
-    if (gzclose(file.release()) != Z_OK) {
-      throw Error(cat("idx '", path, "': cannot finish writing gzip stream"));
-    }
-  } else {
-    PlainFile file(std::fopen(path.c_str(), "wb"));
-    if (!file) {
-      throw Error(cat("idx '", path, "': cannot open for writing: ", std::strerror(errno)));
-    }
-    auto put = [&](const uint8_t* bytes, size_t size) {
-      if (size == 0) return;
-      if (std::fwrite(bytes, 1, size, file.get()) != size) {
-        throw Error(cat("idx '", path, "': cannot write: ", std::strerror(errno)));
-      }
-    };
-    put(header.data(), header.size());
-    put(a.data.data(), a.data.size());
-    if (std::fclose(file.release()) != 0) {
-      throw Error(cat("idx '", path, "': cannot finish writing: ", std::strerror(errno)));
-    }
-  }
+  std::string bytes(header.begin(), header.end());
+  bytes.append(a.data.begin(), a.data.end());
+  write_file_atomically(path, gzip ? gzip_of(bytes, path) : bytes, "idx file");
 }
 
 }  // namespace quiver

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,13 +18,16 @@ struct IdxArray {
 };
 
 // Throws quiver::Error naming the path on: a file that cannot be opened or read, a bad magic
-// number (shown in hex), implausible dims, a header or data section shorter than the header
-// promises, or a gzip stream that is corrupt or cut short (every member's check bytes are read
-// and checked, to the end of the file). Bytes after the data are ignored.
-IdxArray read_idx(const std::string& path);
+// number (shown in hex), implausible dims, a header that claims more than `max_bytes` of data
+// (refused before any is read: a gzip file of a few MB can inflate to any size, so a loader passes
+// what memory allows), a header or data section shorter than the header promises, or a gzip
+// stream that is corrupt or cut short (the member's check bytes are read and checked; gzip
+// members that follow are read to their ends). Bytes after the data are ignored.
+IdxArray read_idx(const std::string& path, int64_t max_bytes = std::numeric_limits<int64_t>::max());
 
-// Writes `a` as unsigned-byte IDX, gzip-compressed when `gzip` is set. Throws quiver::Error
-// naming the path when the array is malformed or the file cannot be written.
+// Writes `a` as unsigned-byte IDX, gzip-compressed when `gzip` is set, atomically (a failed write
+// leaves what was at `path`). Throws quiver::Error naming the path when the array is malformed or
+// the file cannot be written.
 void write_idx(const std::string& path, const IdxArray& a, bool gzip);
 
 }  // namespace quiver

@@ -5,11 +5,13 @@
 
 #include <limits>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +28,7 @@
 #include "runtime/batcher.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/idx.h"
+#include "runtime/memory.h"
 
 namespace quiver {
 namespace {
@@ -117,8 +120,52 @@ TEST_F(DataIdx, RoundTripsGzipAndPlain) {
       const IdxArray back = read_idx(file);
       EXPECT_EQ(back.dims, a.dims);
       EXPECT_EQ(back.data, a.data);
+      if (gzip) {  // what gzip(1) would read: zlib's own reader, not ours, inflates the same bytes
+        gzFile in = gzopen(file.c_str(), "rb");
+        ASSERT_NE(in, nullptr);
+        std::vector<uint8_t> inflated(raw.size() + a.data.size() + 64);
+        const int got = gzread(in, inflated.data(), static_cast<unsigned>(inflated.size()));
+        gzclose(in);
+        ASSERT_EQ(got, static_cast<int>(4 + 4 * a.dims.size() + a.data.size()));
+        EXPECT_TRUE(std::equal(a.data.begin(), a.data.end(), inflated.begin() + got - a.data.size()));
+      }
     }
   }
+}
+
+// A write that cannot finish leaves the file that was there: here the process may not write files
+// larger than 1 KB (RLIMIT_FSIZE binds root too), so the new file is cut at 1 KB.
+TEST_F(DataIdx, AFailedWriteLeavesTheOldFile) {
+  for (const bool gzip : {false, true}) {
+    const std::string file = path(gzip ? "kept.idx.gz" : "kept.idx");
+    write_idx(file, patterned({16, 16}), gzip);
+    const std::vector<uint8_t> before = read_bytes(file);
+    IdxArray large = patterned({256, 256});
+    for (size_t i = 0; i < large.data.size(); ++i) large.data[i] = static_cast<uint8_t>((i * 2654435761u) >> 24);
+    rlimit limit{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &limit), 0);
+    const rlimit small{1024, limit.rlim_max};
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    bool thrown = false;
+    try {
+      write_idx(file, large, gzip);
+    } catch (const Error&) {
+      thrown = true;
+    }
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_TRUE(thrown) << (gzip ? "gzip" : "plain");
+    EXPECT_EQ(read_bytes(file), before) << (gzip ? "gzip" : "plain");
+  }
+}
+
+// A header that claims more data than the caller allows is refused before any data is read.
+TEST_F(DataIdx, AClaimAboveTheLimitIsRefusedBeforeReading) {
+  const std::string file = path("a.gz");
+  write_idx(file, patterned({64, 64}), true);
+  expect_error([&] { read_idx(file, 4095); }, {file, "claims 4096 bytes", "more than the 4095 allowed"});
+  EXPECT_EQ(read_idx(file, 4096).data, patterned({64, 64}).data);
 }
 
 TEST_F(DataIdx, TrailingBytesAreIgnored) {
@@ -392,6 +439,20 @@ TEST_F(DataFashionMnist, ImagesMustBe3D) {
   write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({1, 2, 3}), true);
   expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
                {path("train-images-idx3-ubyte.gz"), "3-D"});
+}
+
+// A gzip file of a few KB whose header claims 2^39 pixels (a gzip bomb, or a corrupt header) is
+// refused before its data is inflated, naming the file: not an out-of-memory kill, not bad_alloc.
+TEST_F(DataFashionMnist, AClaimAboveWhatMemoryHoldsIsRefusedBeforeInflating) {
+  const int64_t claimed = int64_t{1} << 39;
+  const int64_t available = available_memory_bytes();
+  if (available <= 0 || available / 5 >= claimed) GTEST_SKIP() << "memory unknown, or 2.5 TiB available";
+  std::vector<uint8_t> bytes = {0, 0, 8, 3, 0, 0, 0x40, 0, 0, 0, 0x20, 0, 0, 0, 0x10, 0};  // (2^14, 2^13, 2^12)
+  bytes.resize(bytes.size() + (1 << 20), 0);
+  write_gz_bytes(path("train-images-idx3-ubyte.gz"), bytes);
+  write_idx(path("train-labels-idx1-ubyte.gz"), labels_of({1, 2}), true);
+  expect_error([&] { load_fashion_mnist(dir_.string(), Split::Train); },
+               {path("train-images-idx3-ubyte.gz"), "claims 549755813888 bytes", "allowed"});
 }
 
 // An empty set would train nothing and report 0% accuracy; a pipe would block the loader for
