@@ -112,6 +112,9 @@ void DeviceSma::continue_from(const DeviceSma& before) {
       throw Error(cat("SMA: cannot continue from an average on ", before.shards_[d].device.str(), " on ",
                       shards_[d].device.str()));
     shards_[d].previous_move.copy_from(before.shards_[d].previous_move);
+    // The first device's z is the average itself; the others' copies were taken when this one
+    // was built, before a resize's fold moved z.
+    if (shards_[d].z.storage() != average().storage()) shards_[d].z.copy_from(before.shards_[d].z);
   }
 }
 

@@ -31,7 +31,8 @@ class DeviceSma {
   // Every replica and every copy of z becomes z; the moves are cleared (after a drain).
   void reset_replicas(std::span<const Tensor> params);
   // After the group is rebuilt: z goes on moving with `before`'s last move (both drained, over
-  // the same devices and parameters).
+  // the same devices and parameters), and each device's copy of z is `before`'s, which a fold of
+  // the local steps (LearnerGroup::fold_local_steps) may have moved since this one was made.
   void continue_from(const DeviceSma& before);
   // Work queued on `reader` (a stream of the first device) from now on sees the latest z.
   void order_before(const ExecContext& reader) const;

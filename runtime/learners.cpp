@@ -236,9 +236,10 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
 
 void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
 
-void LearnerGroup::fold_local_steps() {
+bool LearnerGroup::fold_local_steps() {
   settle();
-  if (options_.sync != Sync::Sma || alone() || options_.sync_period == 1 || rounds_done_ == last_sync_round_) return;
+  if (options_.sync != Sync::Sma || alone() || options_.sync_period == 1 || rounds_done_ == last_sync_round_)
+    return false;
   std::vector<Tensor> params, now;  // w_j, and a copy of it as the snapshot (the pass reads one, writes the other)
   std::vector<const ExecContext*> streams;
   for (auto& learner : learners_) {
@@ -254,6 +255,7 @@ void LearnerGroup::fold_local_steps() {
     sma_->round(params, now, *streams.front());
   }
   last_sync_round_ = rounds_done_;
+  return true;
 }
 
 double LearnerGroup::learner_learning_rate(int learners, double factor) const {
@@ -660,6 +662,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
             // An executor's trial lasts a time, not a count: it may need more steps than it said.
             if (const int64_t left = executor_tuning_runs_left(); left > 0)
               warmup_rounds = left + 3;
+            else if (rounds_done_ % options_.sync_period != 0)
+              warmup_rounds = 1;  // a window starts after a sync round, so it holds whole periods
             else
               measure_start = clock.training_seconds();
           }
@@ -740,8 +744,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       continue;
     }
     // Under a sync period an epoch ends holding every step in z: its evaluation, and a checkpoint
-    // saved after it, see the local steps since the last sync (one more sync, on the epoch's clock).
-    fold_local_steps();
+    // saved after it, see the local steps since the last sync (one more sync, on the epoch's clock;
+    // an evaluation at this batch before it, eval_every's or one that stopped fit(), is redone).
+    if (fold_local_steps()) clock.model_changed();
     settle();  // the epoch's samples/s count finished steps only (and, on a GPU, SMA's last pass)
     drain();
     epoch_report.steps = epoch_rounds;

@@ -245,8 +245,8 @@ class LearnerGroup {
   // replicas are reset to z or rebuilt from it, an extra sync round folds the steps since then in:
   // SMA's pass with each replica's parameters standing for its snapshot (c_j = alpha (w_j - z)),
   // z's momentum included as at every sync. Nothing to do at a sync round, with one learner
-  // alone, or at a period of 1.
-  void fold_local_steps();
+  // alone, or at a period of 1. Returns whether it folded (z moved).
+  bool fold_local_steps();
   // The rate each of `learners` learners trains at under the drop factor `factor`: the recipe's
   // rate x the lr scaling's factor for that count x `factor`.
   double learner_learning_rate(int learners, double factor) const;

@@ -119,6 +119,9 @@ class FitClock {
   // At the end of an epoch, `batches` into the run: the test accuracy, evaluated unless the last
   // evaluation was at this very batch. `keep_going` becomes false when the callback asked to stop.
   double epoch_end(int64_t epoch, int64_t batches, bool& keep_going);
+  // The model moved since the last evaluation without training a batch (a sync period's fold at
+  // an epoch's end): epoch_end() evaluates again, even at the batch last evaluated.
+  void model_changed() { evaluated_at_ = -1; }
   // Runs `callback` (an epoch's, which may save a checkpoint) off the training clock, as
   // evaluations are; returns what it returns.
   bool off_the_clock(const std::function<bool()>& callback);

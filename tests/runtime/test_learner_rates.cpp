@@ -209,6 +209,28 @@ TEST(Learners, UnderASyncPeriodAnEpochEndsWithItsLocalStepsFoldedIntoZ) {
   }
 }
 
+// The epoch's accuracy is of the folded z, also where an evaluation whose callback stops the fit
+// ran just before the fold, at the same batch: the epoch evaluates again after it. Period 2,
+// eval_every 3 batches, an epoch of 10 batches stopped at batch 6, after round 3 (a local step).
+TEST(Learners, UnderASyncPeriodAnEpochsAccuracyIsOfTheFoldedZ) {
+  const Dataset train = small_dataset(80, 5), test = small_dataset(16, 6);
+  TrainOptions options = recipe();
+  options.eval_every = 3;
+  LearnerGroup group(models::mlp(), options, two_syncing_every(2));
+  std::vector<int64_t> batches;
+  Tensor evaluated;  // z as the last evaluation saw it
+  group.on_evaluation([&](const Evaluation& e) {
+    batches.push_back(e.batches);
+    evaluated = copy_of(group.average());
+    return e.batches < 6;
+  });
+  const TrainReport report = group.fit(train, &test, 1);
+  EXPECT_EQ(batches, (std::vector<int64_t>{4, 6, 6}));  // the second at batch 6 after the fold
+  ASSERT_EQ(report.epochs.size(), 1u);
+  EXPECT_EQ(report.epochs[0].test_accuracy, group.evaluate(test));
+  for (int64_t i = 0; i < evaluated.numel(); ++i) ASSERT_EQ(evaluated.f32()[i], group.average().f32()[i]) << i;
+}
+
 // fit() follows the step decay: a drop at epoch 2 trains as a factor set by hand between two
 // fits, bit for bit; each epoch reports its rate; a run resumed from a checkpoint after epoch 1
 // trains epoch 2 at the dropped rate.
