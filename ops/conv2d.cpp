@@ -85,7 +85,7 @@ ConvGeometry geometry_of(const KernelSpec& spec, const Shape& x, const Shape& w)
 Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w) {
   if (x.rank() != 4 || w.rank() != 4) ctx.fail(cat("input ", x.str(), " and weight ", w.str(), " must have rank 4"));
   int64_t stride = ctx.node.attrs.get_int("stride", 1), padding = ctx.node.attrs.get_int("padding", 0);
-  constexpr int64_t kLargest = int64_t{1} << 30;  // keeps x + 2*padding and the im2col sizes far from overflow
+  constexpr int64_t kLargest = int64_t{1} << 30;  // keeps x + 2*padding far from overflow
   if (stride < 1 || padding < 0 || stride > kLargest || padding > kLargest)
     ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
   if (w[1] != x[1])
@@ -95,6 +95,10 @@ Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w) {
   if (x[2] + 2 * padding < w[2] || x[3] + 2 * padding < w[3])
     ctx.fail(cat("kernel ", w[2], "x", w[3], " does not fit input ", x.str(), " with padding ", padding));
   ConvGeometry g = conv_geometry(x, w, stride, padding);
+  // One image's im2col matrix (patch x out_plane) is a kernel's scratch: its size must not overflow.
+  if (g.out_plane() > (int64_t{1} << 59) / std::max<int64_t>(1, g.patch()))
+    ctx.fail(cat("input ", x.str(), " and weight ", w.str(), ": the im2col matrix of ", g.patch(), " x ",
+                 g.out_plane(), " values is too large"));
   return Shape{g.batch, g.out_channels, g.out_h, g.out_w};
 }
 

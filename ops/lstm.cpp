@@ -181,17 +181,18 @@ KernelFn prepare_backward(const KernelSpec& spec) {
     else
       std::fill_n(dx, rows * g.input, 0.0f);
     // Column sums of dG, a block of columns at a time along its rows (each column still summed in
-    // row order): one column at a time strided by 4H floats and kept the loop scalar.
+    // row order): one column at a time strided by 4H floats and kept the loop scalar. In double,
+    // as bias_grad and the reference sum: B x T rows of one sign would drift in float.
     call.ctx.parallel_for(G, 64, [&](int64_t begin, int64_t end) {
       constexpr int64_t kBlock = 64;
       for (int64_t first = begin; first < end; first += kBlock) {
         const int64_t width = std::min(kBlock, end - first);
-        float sums[kBlock] = {};
+        double sums[kBlock] = {};
         for (int64_t r = 0; r < rows; ++r) {
           const float* row = dG + r * G + first;
           for (int64_t k = 0; k < width; ++k) sums[k] += row[k];
         }
-        std::copy_n(sums, width, dbias + first);
+        for (int64_t k = 0; k < width; ++k) dbias[first + k] = static_cast<float>(sums[k]);
       }
     });
   };

@@ -200,7 +200,8 @@ TEST(Builder, ShapesNeedExtentsOfAtLeastOne) {
 }
 
 // A kernel larger than the padded input is refused before C++ division could round the output
-// size up to 1 ((2 - 3) / 2 + 1 == 1), and a huge padding before x + 2*padding could overflow.
+// size up to 1 ((2 - 3) / 2 + 1 == 1), a huge padding before x + 2*padding could overflow, and an
+// im2col matrix whose size would.
 TEST(Builder, ConvGeometryIsCheckedBeforeItsArithmetic) {
   GraphBuilder b;
   Value x = b.input("x", Shape{1, 1, 2, 2});
@@ -215,6 +216,14 @@ TEST(Builder, ConvGeometryIsCheckedBeforeItsArithmetic) {
   message = error_of([&] { b.conv2d(x, w, attrs, "far"); });
   EXPECT_NE(message.find("conv2d 'far'"), std::string::npos) << message;
   EXPECT_NE(message.find("invalid"), std::string::npos) << message;
+  // One image's im2col matrix (C*KH*KW x OH*OW values, a kernel's scratch) must not overflow:
+  // here 2^40 x 1025^2, from tensors of 2^40 values each (shapes only: nothing is allocated).
+  Value big_x = b.input("big_x", Shape{1, int64_t{1} << 20, 1024, 1024});
+  Value big_w = b.parameter("big_w", Shape{1, int64_t{1} << 20, 1024, 1024}, ParamInit::zeros());
+  attrs.stride = 1;
+  attrs.padding = 512;
+  message = error_of([&] { b.conv2d(big_x, big_w, attrs, "huge"); });
+  EXPECT_NE(message.find("im2col matrix"), std::string::npos) << message;
 }
 
 // Ops take float32 where their kernels read floats, and gradient ops check the shapes they are
