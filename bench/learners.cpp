@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
         train.eval_batch = 1;
         train.threads = o.threads;
         train.profile_cache = "";
+        train.retrial_seconds = 0.0;  // auto is timed on its trial's schedule: no retrial inside a window
         train.device = o.device;
         Trainer single(models::by_name(model), train);
         // groups[g][i]: o.learners[i] learners under gate o.gates[g].

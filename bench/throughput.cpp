@@ -126,6 +126,7 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
       options.eval_batch = 1;
       options.profile = o.profile && run == 0;
       options.policy = o.policy;
+      options.retrial_seconds = 0.0;  // auto is timed on its trial's schedule (a window may last > 10 s)
       options.device = o.device;
       options.device_graphs = device_graphs[variant];
       Trainer trainer(spec, options);

@@ -59,6 +59,10 @@ struct TrainOptions {
   // SGD averages several learners' gradients and updates once, outside the graph).
   bool apply_update = true;
   int profile_samples = 5;    // auto: timings per op and thread count
+  // auto: try the candidate schedules again after this many seconds of steps on the chosen one
+  // (ExecutorOptions::retrial_seconds; 0: never). Benchmarks turn it off so that no timed window
+  // holds a trial's serial and narrow stints.
+  double retrial_seconds = 10.0;
   // Where the model trains. On a CUDA device the plans queue their kernels in order on one
   // stream of the learner's (policy, threads and the profile cache do not apply there).
   Device device;

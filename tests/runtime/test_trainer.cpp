@@ -180,6 +180,11 @@ TEST(Trainer, RejectsBadOptions) {
   refused({2}, 0.0, "drop factor must be in (0, 1], got 0");
   refused({2}, 1.5, "drop factor must be in (0, 1], got 1.5");
   refused({2}, std::nan(""), "drop factor must be in (0, 1]");
+  for (double retrial : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    TrainOptions bad = options;
+    bad.retrial_seconds = retrial;
+    EXPECT_THROW(Trainer(models::mlp(), bad), Error) << retrial;
+  }
   Trainer trainer(models::mlp(), options);
   EXPECT_THROW(trainer.set_learning_rate(0.0), Error);
   EXPECT_THROW(trainer.set_learning_rate(std::numeric_limits<double>::infinity()), Error);
