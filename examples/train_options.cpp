@@ -133,8 +133,9 @@ std::string train_usage() {
          "  --optimizer sgd|adam   optimizer (default sgd, momentum 0.9)\n"
          "  --lr X                 learning rate (default 0.01)\n"
          "  --lr-drop E1,E2,...    step decay: multiply the learning rate by --lr-drop-factor\n"
-         "                         at the start of each epoch listed (from 2, rising; epochs\n"
-         "                         count from the start of training, a --resume run's too);\n"
+         "                         at the start of each epoch listed (from 2 to --epochs,\n"
+         "                         rising; epochs count from the start of training, a --resume\n"
+         "                         run's too);\n"
          "                         with --learners every replica restarts from the average model\n"
          "                         there (default: one rate throughout)\n"
          "  --lr-drop-factor F     with --lr-drop: the factor, in (0, 1] (default 0.1)\n"
@@ -365,6 +366,21 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
   const bool multi = command.learners > 0;
   if (drop_factor_given && command.train.lr_drop_epochs.empty())
     throw Error("--lr-drop-factor: only with --lr-drop (the epochs to drop the rate at)");
+  if (!command.train.lr_drop_epochs.empty()) {
+    // Epochs count from the start of training, and --epochs is the last (a --resume run's too):
+    // a drop after it would never happen.
+    const int64_t last_drop = command.train.lr_drop_epochs.back();
+    if (last_drop > command.train.epochs)
+      throw Error(cat("--lr-drop: epoch ", last_drop, " is after the last epoch of this run (--epochs ",
+                      command.train.epochs, "; epochs count from the start of training)"));
+    // The rate after the last drop must stay a normal 32-bit float, as --lr must.
+    const double lowest = command.train.learning_rate *
+                          std::pow(command.train.lr_drop_factor, static_cast<double>(command.train.lr_drop_epochs.size()));
+    if (lowest < std::numeric_limits<float>::min())
+      throw Error(cat("--lr-drop-factor: ", command.train.lr_drop_epochs.size(), " drop(s) of ",
+                      command.train.lr_drop_factor, " take the learning rate to ", lowest,
+                      ", below the smallest normal 32-bit float (", exact(std::numeric_limits<float>::min()), ")"));
+  }
   if (command.gpus > 1 && command.train.device.is_cpu()) throw Error("--gpus: only with --device cuda");
   if (cuda_graphs_given && command.train.device.is_cpu()) throw Error("--cuda-graphs: only with --device cuda");
   if (command.gpus > 1 && !multi) throw Error("--gpus: only with --learners (one learner uses one GPU)");

@@ -36,11 +36,11 @@ TEST(TrainOptions, ParsesEveryFlag) {
   EXPECT_EQ(parse_train_command({"--learners", "2"}).lr_scaling, LrScaling::None);
   EXPECT_DOUBLE_EQ(parse_train_command({"--weight-decay", "5e-4"}).train.weight_decay, 5e-4);
   EXPECT_DOUBLE_EQ(parse_train_command({}).train.weight_decay, 0.0);
-  const TrainCommand decay = parse_train_command({"--lr-drop", "3,5", "--lr-drop-factor", "0.5"});
+  const TrainCommand decay = parse_train_command({"--lr-drop", "3,5", "--lr-drop-factor", "0.5", "--epochs", "5"});
   EXPECT_EQ(decay.train.lr_drop_epochs, (std::vector<int64_t>{3, 5}));
   EXPECT_DOUBLE_EQ(decay.train.lr_drop_factor, 0.5);
-  EXPECT_EQ(parse_train_command({"--lr-drop=2"}).train.lr_drop_epochs, (std::vector<int64_t>{2}));
-  EXPECT_DOUBLE_EQ(parse_train_command({"--lr-drop", "2"}).train.lr_drop_factor, 0.1);
+  EXPECT_EQ(parse_train_command({"--lr-drop=2", "--epochs=2"}).train.lr_drop_epochs, (std::vector<int64_t>{2}));
+  EXPECT_DOUBLE_EQ(parse_train_command({"--lr-drop", "2", "--epochs", "3"}).train.lr_drop_factor, 0.1);
   EXPECT_TRUE(parse_train_command({}).train.lr_drop_epochs.empty());
   EXPECT_EQ(parse_train_command({"--eval-every", "100"}).train.eval_every, 100);
   EXPECT_EQ(parse_train_command({}).train.eval_every, 0);
@@ -194,6 +194,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--lr-drop", "2", "--lr-drop-factor", "1.5"}, "--lr-drop-factor: must be in (0, 1]"},
                       BadFlag{{"--lr-drop", "2", "--lr-drop-factor", "nan"}, "--lr-drop-factor"},
                       BadFlag{{"--lr-drop-factor", "0.5"}, "--lr-drop-factor: only with --lr-drop"},
+                      BadFlag{{"--lr-drop", "5", "--epochs", "2"}, "--lr-drop: epoch 5 is after the last epoch"},
+                      BadFlag{{"--lr-drop", "2"}, "--lr-drop: epoch 2 is after the last epoch of this run (--epochs 1"},
+                      BadFlag{{"--lr-drop", "2,3", "--epochs", "3", "--lr-drop-factor", "1e-20"},
+                              "--lr-drop-factor: 2 drop(s) of 1e-20 take the learning rate to"},
                       BadFlag{{"--sync-period", "2"}, "--sync-period"},
                       BadFlag{{"--learners", "1", "--sync-period", "2"}, "--sync-period: one learner"},
                       BadFlag{{"--learners", "2", "--sync-period", "0"}, "--sync-period"},
