@@ -57,7 +57,10 @@ def main():
     parser.add_argument("--models", type=name_list(MODELS), default=list(MODELS), help="mlp,cnn,lstm")
     parser.add_argument("--seeds", type=seed_range, default=seed_range("1-3"), help="N or FIRST-LAST (1-3)")
     parser.add_argument("--threads", type=positive_int, default=2, help="threads per training (2)")
-    parser.add_argument("--data", default=os.environ.get("QUIVER_DATA_DIR", "/usr/share/datasets/fashion-mnist"))
+    # An empty QUIVER_DATA_DIR is unset, as quiver-train reads it.
+    parser.add_argument("--data", default=os.environ.get("QUIVER_DATA_DIR") or "/usr/share/datasets/fashion-mnist",
+                        help="the Fashion-MNIST directory (default: $QUIVER_DATA_DIR, else the package's; "
+                             "here %(default)s)")
     parser.add_argument("--init", choices=("he_uniform", "torch_default"), default="he_uniform",
                         help="the libtorch peer's layer init (he_uniform, Quiver's default)")
     parser.add_argument("--no-peer", action="store_true", help="skip libtorch even when it was built")
@@ -97,6 +100,12 @@ def main():
                       f"({len(accuracies)} seeds)", flush=True)
     except (RuntimeError, OSError) as error:
         print(f"accuracy_seeds.py: {error}", file=sys.stderr)
+        if args.output and len(rows) > 1:  # the runs that finished are kept, not only printed
+            try:
+                write_atomically(args.output, "\n".join(rows) + "\n")
+                print(f"accuracy_seeds.py: the {len(rows) - 1} runs before it are in {args.output}", file=sys.stderr)
+            except OSError as write_error:
+                print(f"accuracy_seeds.py: --output: {write_error}", file=sys.stderr)
         return 1
     if args.output:
         try:

@@ -24,15 +24,32 @@ def positive_float(text):
     return value
 
 
+def at_most(limit, parse):
+    """`parse`, refusing values above `limit` (what the program the script runs accepts)."""
+    def checked(text):
+        value = parse(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"at most {limit}, got '{text}'")
+        return value
+    return checked
+
+
+def unique(items, text):
+    """`items`, refusing one listed twice (the C++ benches refuse it too: the work would run twice)."""
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"an item is listed twice in '{text}'")
+    return items
+
+
 def name_list(allowed):
     def parse(text):
         items = text.split(",")
         for item in items:
             if item not in allowed:
                 raise argparse.ArgumentTypeError(f"expected a list of {', '.join(allowed)}, got '{text}'")
-        return items
+        return unique(items, text)
     return parse
 
 
 def int_list(text):
-    return [positive_int(item) for item in text.split(",")]
+    return unique([positive_int(item) for item in text.split(",")], text)

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from arg_types import int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
+from arg_types import at_most, int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
 from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 
@@ -168,8 +168,9 @@ def main():
                         help="comma-separated, of mlp,cnn,lstm (default all three)")
     parser.add_argument("--batches", type=int_list, default=[16, 64], help="batch sizes (default 16,64)")
     parser.add_argument("--runs", type=positive_int, default=5, help="runs; the table gives medians (default 5)")
-    parser.add_argument("--seconds", type=positive_float, default=2.0,
-                        help="about how long each timed window lasts (default 2)")
+    # quiver-bench-throughput's --window takes at most 600000 ms.
+    parser.add_argument("--seconds", type=at_most(600.0, positive_float), default=2.0,
+                        help="about how long each timed window lasts, at most 600 (default 2)")
     parser.add_argument("--warmup", type=positive_int, default=20, help="warm-up steps per process (default 20)")
     parser.add_argument("--no-peer", action="store_true", help="measure Quiver only")
     parser.add_argument("--output", help="also write the table there (atomically)")
