@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -136,6 +137,15 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
                     " and ", options_.profile_warmup));
   if (!(options_.grant_tolerance >= 0.0))
     throw Error(cat("executor: grant_tolerance must be >= 0, got ", options_.grant_tolerance));
+  // A trial that can never last long enough would cycle through the candidates (serial among
+  // them) for good; NaN would also turn retrials off without a word.
+  for (const auto& [name, seconds] : {std::pair{"trial_seconds", options_.trial_seconds},
+                                      std::pair{"retrial_seconds", options_.retrial_seconds}})
+    if (!(seconds >= 0.0 && std::isfinite(seconds)))
+      throw Error(cat("executor: ", name, " must be finite and >= 0, got ", seconds));
+  if (options_.trial_rounds < 1 || options_.trial_stint < 1)
+    throw Error(cat("executor: trial_rounds and trial_stint must be >= 1, got ", options_.trial_rounds, " and ",
+                    options_.trial_stint));
 
   // Dependencies between step positions: data (producer of an input), control, buffer reuse.
   const Graph& graph = plan_.graph();
@@ -262,6 +272,7 @@ void Executor::start_trial_block() {
 void Executor::use_schedule(int candidate) {
   use_grants(candidate_grants_[candidate]);
   width_ = candidate_widths_[candidate];
+  widen_alone_ = candidate_names_.at(candidate) != "narrow";
 }
 
 std::vector<int> Executor::model_grants() const {
@@ -357,6 +368,7 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
     chosen_ = tuning.schedule;
     use_grants(tuning.grants);
     width_ = candidate_widths_[chosen_];
+    widen_alone_ = candidate_names_.at(chosen_) != "narrow";
     chosen_grants_ = tuning.grants;
     tuned_ = true;
     trials_done_ = tuning.trials_done;
@@ -370,7 +382,7 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
 
 void Executor::save_profiles() {
   profiles_unsaved_ = false;
-  if (options_.profile_cache.empty()) return;
+  if (options_.profile_cache.empty() || !options_.save_profiles) return;
   try {
     model_.save(options_.profile_cache);
   } catch (const std::exception& error) {
@@ -428,8 +440,8 @@ void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double no
     const std::vector<double>& predicted = predicted_[top];
     const int want = grants_[top];
     if (free_threads >= want) {
-      // Alone in the queue, an op may take the threads that still speed it up.
-      const int threads = ready.size() == 1 ? std::clamp(fastest_[top], want, free_threads) : want;
+      // Alone in the queue, an op may take the threads that still speed it up (not under narrow).
+      const int threads = widen_alone_ && ready.size() == 1 ? std::clamp(fastest_[top], want, free_threads) : want;
       launch(0, threads);
       continue;
     }

@@ -15,7 +15,8 @@
 //           them); then each op is granted the fewest threads predicted within `grant_tolerance`
 //           of its best, ops co-run on disjoint budgets summing to at most P, and a grant is
 //           shrunk to the free threads when starting now is predicted to finish sooner than
-//           waiting; while an op is the only one ready it may use as many threads as help it.
+//           waiting; while an op is the only one ready it may use as many threads as help it
+//           (not under the narrow candidate below).
 //           The model cannot see interference between co-running ops (shared caches, memory
 //           bandwidth), so before settling, auto runs its schedule against three plain ones
 //           under the same scheduler, every op on all P threads (intra), every op on one
@@ -69,6 +70,10 @@ struct ExecutorOptions {
   // phase can cost for the rest of a run in the next. A trial costs a few slower steps a period.
   double retrial_seconds = 10.0;
   std::string profile_cache;     // load profiles from / save them to this file; "" for none
+  // false: load the cache but never write it. A learner beside other learners times its ops
+  // while theirs run on the other cores: contended timings that would steer every later run
+  // (a single model's among them) that loads the cache.
+  bool save_profiles = true;
   // auto, once settled: every `refresh_steps` steps, an op key timed at least 5 times while it ran
   // alone (no other op running or started meanwhile) at a thread count, with a median more than
   // `refresh_tolerance` away from the model's prediction there, has its samples at that count
@@ -225,6 +230,9 @@ class Executor {
   std::vector<std::vector<int>> candidate_grants_;
   std::vector<int> candidate_widths_;
   int width_ = 1;  // threads in use at once under the current schedule
+  // An op alone in the ready queue may take the threads that still speed it up: under every
+  // schedule but narrow, which is one thread per op whatever the queue holds.
+  bool widen_alone_ = true;
   std::vector<std::vector<double>> trial_seconds_;
   size_t trial_run_ = 0;
   size_t trial_stint() const;      // steps per candidate in a row (options_.trial_stint, at least 1)

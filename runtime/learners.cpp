@@ -139,6 +139,9 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   replica.apply_update = options_.sync == Sync::Sma;
   replica.eval_batch = 1;  // learners never evaluate; keep their evaluation plans small
   replica.trace_path.clear();
+  // Learners beside other learners time their ops under the others' load: they read the profile
+  // cache but leave it as single-stream runs wrote it.
+  replica.save_profiles = train_.save_profiles && learners == 1;
   std::vector<std::unique_ptr<Learner>> built;
   const int per_device = (learners + static_cast<int>(devices_.size()) - 1) / static_cast<int>(devices_.size());
   // On the CPU, read before the first replica is built: each replica counts whole below, what it

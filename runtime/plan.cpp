@@ -125,6 +125,20 @@ Plan::~Plan() {
 }
 
 void Plan::bind_values(ParamStore& store) {
+  // A value bound to a slot of the store must be what the slot holds: one made or changed through
+  // Graph's own API may declare another shape, and a kernel prepared from it would read or write
+  // past the slot's slice of the flat buffer.
+  auto checked = [&](const ValueInfo& info, const char* role) -> int {
+    const int slots = static_cast<int>(store.slots().size());
+    if (info.param_index < 0 || info.param_index >= slots)
+      throw Error(cat("plan: ", role, " '", info.name, "' names parameter slot ", info.param_index, "; the store has ",
+                      slots));
+    const ParamSlot& slot = store.slots()[info.param_index];
+    if (info.shape != slot.shape || info.dtype != DType::F32)
+      throw Error(cat("plan: ", role, " '", info.name, "' is ", info.shape.str(), " ", name_of(info.dtype), "; its slot '",
+                      slot.name, "' holds ", slot.shape.str(), " f32"));
+    return info.param_index;
+  };
   for (const ValueInfo& info : graph_.values()) {
     switch (info.role) {
       case ValueRole::Input:
@@ -132,13 +146,13 @@ void Plan::bind_values(ParamStore& store) {
         input_bytes_ += tensors_[info.id].bytes();
         break;
       case ValueRole::Parameter:
-        tensors_[info.id] = store.param(info.param_index);
+        tensors_[info.id] = store.param(checked(info, "parameter"));
         break;
       case ValueRole::ParamGrad:
-        tensors_[info.id] = store.grad(info.param_index);
+        tensors_[info.id] = store.grad(checked(info, "gradient"));
         break;
       case ValueRole::State:
-        tensors_[info.id] = store.state(info.state_kind, info.param_index);
+        tensors_[info.id] = store.state(info.state_kind, checked(info, "optimizer state"));
         break;
       case ValueRole::Activation:
         break;

@@ -138,6 +138,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
     executor.profile_cache = options_.profile_cache;
     executor.profile_samples = options_.profile_samples;
     executor.retrial_seconds = options_.retrial_seconds;
+    executor.save_profiles = options_.save_profiles;
     executor_ = std::make_unique<Executor>(*train_plan_, executor);
   }
   if (!options_.trace_path.empty()) {

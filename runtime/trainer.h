@@ -55,6 +55,7 @@ struct TrainOptions {
   std::string policy = "auto";
   int inter = 1, intra = 1;
   std::string profile_cache;  // auto: profiles cached in this file ("" for none)
+  bool save_profiles = true;  // auto: false loads the cache but never writes it (ExecutorOptions)
   // false: the step graph computes the loss and the gradients but applies no update (synchronous
   // SGD averages several learners' gradients and updates once, outside the graph).
   bool apply_update = true;

@@ -496,8 +496,9 @@ TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
 
 // A graph made through Graph's own API is checked when it is planned: a node that reads an
 // activation nothing computes, or whose output is not what its op makes of its inputs (a shape
-// changed after inference), is refused naming the node. Both once ran: a null read, or a write
-// past the end of a buffer.
+// changed after inference), is refused naming the node, and so is a parameter's value declared
+// with another shape than its slot. Each once ran: a null read, or a write past the end of a
+// buffer.
 TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
   {
     GraphBuilder b;
@@ -529,6 +530,19 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
     const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
     EXPECT_NE(message.find("plan: relu 'was_fine': its inputs no longer fit its op: "), std::string::npos) << message;
     EXPECT_EQ(message.find("'was_fine'", message.find("'was_fine'") + 1), std::string::npos) << "named once: " << message;
+  }
+  {  // a parameter's value declared larger than its slot: its reader's kernel would read past it
+    GraphBuilder b;
+    Value w = b.parameter("w", Shape{2, 2}, ParamInit::zeros());
+    ValueInfo wide = b.graph().value(w.id);
+    wide.name = "w_wide";
+    wide.shape = Shape{64, 64};
+    Graph& g = b.graph();
+    Value y = b.relu(g.handle(g.add_value(wide)), "reads_wide");
+    ParamStore store(g);
+    const std::string message = error_of([&] { Plan plan(g, store, {y}); });
+    EXPECT_NE(message.find("plan: parameter 'w_wide' is [64,64] f32; its slot 'w' holds [2,2] f32"), std::string::npos)
+        << message;
   }
 }
 

@@ -3,6 +3,8 @@
 // thread budget, a throwing kernel, and many consecutive steps.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -610,6 +612,21 @@ TEST(Executor, RejectsBadPolicies) {
   }
   EXPECT_THROW(PerfModel(PerfModel::kMostThreads + 1), Error);
   EXPECT_EQ(PerfModel(PerfModel::kMostThreads).profiled_counts().back(), PerfModel::kMostThreads);
+  // A trial that could never end (it would cycle through serial stints for good), a NaN that
+  // would silently turn retrials off, and trials of no steps are refused.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (double seconds : {nan, inf, -1.0}) {
+    ExecutorOptions trial = executor_options(Policy::Auto, 2), retrial = trial;
+    trial.trial_seconds = seconds;
+    retrial.retrial_seconds = seconds;
+    EXPECT_THROW(Executor(plan, trial), Error) << seconds;
+    EXPECT_THROW(Executor(plan, retrial), Error) << seconds;
+  }
+  ExecutorOptions no_rounds = executor_options(Policy::Auto, 2), no_stint = no_rounds;
+  no_rounds.trial_rounds = 0;
+  no_stint.trial_stint = 0;
+  EXPECT_THROW(Executor(plan, no_rounds), Error);
+  EXPECT_THROW(Executor(plan, no_stint), Error);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -447,6 +448,28 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   }
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
+}
+
+// Learners beside other learners time their ops while the others' run: they read the profile
+// cache but do not write it, so a single model's later run does not start from contended
+// timings. One learner alone (single-stream's computation) writes it as a Trainer does.
+TEST(Learners, OnlyALoneLearnerWritesTheProfileCache) {
+  Batches data(2 * 8, 41);
+  for (const int learners : {2, 1}) {
+    SCOPED_TRACE(cat(learners, " learner(s)"));
+    const std::string cache = ::testing::TempDir() + cat("/learners_cache_", learners, ".json");
+    std::remove(cache.c_str());
+    TrainOptions train = recipe();
+    train.policy = "auto";
+    train.profile_cache = cache;
+    {
+      LearnerGroup group(models::mlp(), train, LearnerOptions{learners, 1, SmaOptions{}});
+      for (int round = 0; round < 12; ++round) group.round(data.images.data(), data.labels.data());
+      ASSERT_EQ(group.executor_tuning_runs_left(), 0) << "the learners' executors have not profiled yet";
+    }
+    EXPECT_EQ(std::filesystem::exists(cache), learners == 1);
+    std::remove(cache.c_str());
+  }
 }
 
 // Under a sync period the tuner ends its windows on sync rounds only, so the resize after one

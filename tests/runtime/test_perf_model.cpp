@@ -589,6 +589,35 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   std::filesystem::remove(path);
 }
 
+// The narrow schedule is one thread per op, also for an op alone in the ready queue, which the
+// model's schedule widens to the threads that still speed it up. Adopted with profiles in which
+// every op runs twice as fast on two threads and grants of one thread everywhere, narrow runs a
+// step with no op on more than one thread; the model's schedule widens the ops that run alone
+// (the MLP's forward is a chain).
+TEST(PerfModel, TheNarrowScheduleRunsEveryOpOnOneThread) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
+  options.trial_seconds = 0.0;
+  options.retrial_seconds = 0.0;
+  Executor first(trainer->train_plan(), options);
+  while (!first.tuned()) first.run();
+  ExecutorTuning tuning = *first.tuning();
+  for (const std::string& key : tuning.keys) {
+    tuning.model.replace_samples(key, 1, {2e-3});
+    tuning.model.replace_samples(key, 2, {1e-3});
+  }
+  tuning.model.fit();
+  tuning.grants.assign(tuning.keys.size(), 1);
+  for (const auto& [schedule, most] : {std::pair{0, 2}, std::pair{2, 1}}) {  // model, narrow
+    tuning.schedule = schedule;
+    Executor adopter(trainer->train_plan(), options);
+    ASSERT_TRUE(adopter.adopt(tuning));
+    adopter.run();
+    const std::vector<int>& threads = adopter.last_threads();
+    EXPECT_EQ(*std::max_element(threads.begin(), threads.end()), most) << adopter.chosen_schedule();
+  }
+}
+
 // An executor of the same plan at the same thread count adopts what a settled one learned: no
 // profiling and no trial, the same schedule and trial figures, and no profile cache written (the
 // one that profiled wrote it). Another thread count, another plan, another policy, or an executor
