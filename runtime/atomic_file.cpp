@@ -109,6 +109,10 @@ void keep_mode_of(const std::filesystem::path& target, int fd) {
 
 }  // namespace
 
+std::string atomic_write_target(const std::string& path, const std::string& what) {
+  return write_target(path, what).string();
+}
+
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
   const std::filesystem::path target = write_target(path, what);
   const std::string directory = directory_of(target);

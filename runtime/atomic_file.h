@@ -12,6 +12,11 @@ namespace quiver {
 // Throws quiver::Error naming `what` and the path when the file cannot be written.
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
+// The file write_file_atomically(path, ...) replaces: `path`, or what its chain of symbolic links
+// names (a writer that locks the file's directory must lock that one). Throws quiver::Error naming
+// `what` on a link it cannot read or one into /proc (a process's open file).
+std::string atomic_write_target(const std::string& path, const std::string& what);
+
 // Refuses, before any work is done, a destination write_file_atomically could not write: an empty
 // name, a directory or another file that is not a regular one (a device, a pipe, a process's open
 // file such as /dev/stdout), a parent directory that is missing or where no file can be created,

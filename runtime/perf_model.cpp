@@ -431,8 +431,11 @@ void PerfModel::save(const std::string& path) const {
   // loaded plus its own keys, dropping the other's, or putting back an op's old timings over those
   // the other refreshed, or dropping the thread counts only a wider run measured. Under a lock on
   // the cache's directory, the file as it is now is the base, and only the timings this process
-  // measured replace its own; what this process only loaded fills in what the file lacks.
-  const DirectoryLock lock(parent.empty() ? std::filesystem::path(".") : parent);
+  // measured replace its own; what this process only loaded fills in what the file lacks. The
+  // lock is on the directory the write lands in: two processes that reach one cache through
+  // different links must take the same lock.
+  const std::filesystem::path written_in = std::filesystem::path(atomic_write_target(path, "profile cache")).parent_path();
+  const DirectoryLock lock(written_in.empty() ? std::filesystem::path(".") : written_in);
   std::map<std::string, Entry> merged;
   PerfModel on_disk(max_threads_);
   if (on_disk.read(path, /*quiet=*/true)) merged = std::move(on_disk.entries_);

@@ -64,6 +64,15 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   EXPECT_TRUE(std::filesystem::is_symlink(std::filesystem::symlink_status(link)));
   std::ifstream through(target);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(through)), std::istreambuf_iterator<char>()), "through the link");
+  // What a write replaces, for writers that lock its directory (the profile cache): the link's
+  // target in another directory, not the link's own directory.
+  std::filesystem::create_directories(dir / "elsewhere");
+  const std::filesystem::path far_link = dir / "elsewhere" / "far.md";
+  std::filesystem::create_symlink("../target.md", far_link);
+  EXPECT_EQ(std::filesystem::weakly_canonical(
+                std::filesystem::path(atomic_write_target(far_link.string(), "results")).parent_path()),
+            std::filesystem::weakly_canonical(dir));
+  EXPECT_EQ(atomic_write_target(target.string(), "results"), target.string());
   // A process's open file (where /dev/stdout and /dev/fd/N lead) cannot be replaced by a rename:
   // through a link of ours, /dev/stdout, /dev/fd/1 (a path through a linked directory) or given
   // directly.
