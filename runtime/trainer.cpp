@@ -34,8 +34,6 @@ void check_options(const TrainOptions& o) {
   if (o.batch < 1) throw Error(cat("batch must be >= 1, got ", o.batch));
   if (o.epochs < 1) throw Error(cat("epochs must be >= 1, got ", o.epochs));
   if (o.max_steps < 0) throw Error(cat("max_steps must be >= 0, got ", o.max_steps));
-  if (!(o.retrial_seconds >= 0.0 && std::isfinite(o.retrial_seconds)))
-    throw Error(cat("retrial_seconds must be finite and >= 0, got ", o.retrial_seconds));
   if (o.threads < 1) throw Error(cat("threads must be >= 1, got ", o.threads));
   if (!(o.learning_rate > 0.0) || !std::isfinite(o.learning_rate))
     throw Error(cat("learning rate must be a positive number, got ", o.learning_rate));

@@ -393,6 +393,14 @@ ExecutorOptions quick_auto() {
   return options;
 }
 
+// quick_auto() whose trial ends after its first blocks and is never tried again.
+ExecutorOptions settling_auto() {
+  ExecutorOptions options = quick_auto();
+  options.trial_seconds = 0.0;
+  options.retrial_seconds = 0.0;
+  return options;
+}
+
 // auto's last trial's median step per candidate schedule (the learner tuner's one-thread bound
 // reads "serial"): none before a trial, for a name that is no candidate, or under another
 // policy; once a trial has chosen, each candidate's, as explain() prints it.
@@ -596,9 +604,7 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
 // (the MLP's forward is a chain).
 TEST(PerfModel, TheNarrowScheduleRunsEveryOpOnOneThread) {
   std::unique_ptr<Trainer> trainer = small_mlp();
-  ExecutorOptions options = quick_auto();
-  options.trial_seconds = 0.0;
-  options.retrial_seconds = 0.0;
+  ExecutorOptions options = settling_auto();
   Executor first(trainer->train_plan(), options);
   while (!first.tuned()) first.run();
   ExecutorTuning tuning = *first.tuning();
@@ -626,9 +632,7 @@ TEST(PerfModel, TheNarrowScheduleRunsEveryOpOnOneThread) {
 // the adopter's first step.
 TEST(PerfModel, AnExecutorOfTheSamePlanAdoptsASettledOnesTuning) {
   std::unique_ptr<Trainer> trainer = small_mlp();
-  ExecutorOptions options = quick_auto();
-  options.trial_seconds = 0.0;
-  options.retrial_seconds = 0.0;
+  ExecutorOptions options = settling_auto();
   Executor first(trainer->train_plan(), options);
   EXPECT_FALSE(first.tuning().has_value()) << "nothing learned before profiling";
   while (!first.profiled()) first.run();
