@@ -48,13 +48,17 @@ struct CaseGraph {
   Host weight_values;
   std::unique_ptr<ParamStore> store;
 
-  explicit CaseGraph(const OpCase& op_case, bool with_backward, uint64_t seed = 7) {
+  // Float inputs are parameters, all of them or (only_input >= 0) that one alone; the others are
+  // graph inputs, which no gradient is asked of.
+  explicit CaseGraph(const OpCase& op_case, bool with_backward, int only_input = -1, uint64_t seed = 7) {
     std::mt19937_64 rng(seed);
     for (size_t i = 0; i < op_case.inputs.size(); ++i) {
       const InputSpec& spec = op_case.inputs[i];
       std::string name = "in" + std::to_string(i);
+      const bool parameter = only_input < 0 || static_cast<int>(i) == only_input;
       inputs.push_back(spec.draw == Draw::Labels ? builder.input(name, spec.shape, DType::I32)
-                                                 : builder.parameter(name, spec.shape, ParamInit::zeros()));
+                       : parameter               ? builder.parameter(name, spec.shape, ParamInit::zeros())
+                                                 : builder.input(name, spec.shape));
       values.push_back(draw_values(spec, rng));
     }
     output = op_case.build(builder, inputs);
@@ -144,10 +148,19 @@ void check_gradient(const OpCase& op_case) {
     check_gradient_with(op_case, "im2col_gemm", threads);
   }
   check_gradient_with(op_case, "reference");
+  // Then each float input alone, where there are several: the backward an op builds when only some
+  // of its inputs need a gradient (a matmul's one side, the LSTM's dx left out) is another branch.
+  int floats = 0;
+  for (const InputSpec& spec : op_case.inputs) floats += spec.draw != Draw::Labels;
+  if (floats < 2) return;
+  for (size_t i = 0; i < op_case.inputs.size(); ++i)
+    if (op_case.inputs[i].draw != Draw::Labels)
+      for (const std::string kernels : {"", "reference"})
+        check_gradient_with(op_case, kernels, 1, static_cast<int>(i));
 }
 
-void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads) {
-  CaseGraph graph(op_case, true);
+void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads, int only_input) {
+  CaseGraph graph(op_case, true, only_input);
   const Graph& g = graph.builder.graph();
   std::vector<Value> fetches{graph.output};
   for (const ParamInfo& param : g.params()) fetches.push_back(Value{param.grad});
@@ -177,9 +190,9 @@ void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel
       double minus = graph.loss_in_double(plan);
       param.f32()[k] = original;
       double numeric = (plus - minus) / (2.0 * op_case.epsilon);
-          ASSERT_NEAR(analytic[k], numeric, op_case.gradient_tolerance * std::max(1.0, std::abs(numeric)))
+      ASSERT_NEAR(analytic[k], numeric, op_case.gradient_tolerance * std::max(1.0, std::abs(numeric)))
           << op_case.name << " [" << (prefer_kernel.empty() ? "default" : prefer_kernel) << " kernels, " << threads
-          << " thread(s)]: d loss / d " << g.params()[index].name << "[" << k << "]";
+          << " thread(s)" << (only_input < 0 ? "" : ", that input alone") << "]: d loss / d " << g.params()[index].name << "[" << k << "]";
     }
   }
 }

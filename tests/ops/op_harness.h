@@ -56,9 +56,11 @@ inline void PrintTo(const OpCase& op_case, std::ostream* out) { *out << op_case.
 void check_forward(const OpCase& op_case);
 // Finite differences against the backward of the default kernels and the second-choice ones, each
 // on 1 thread and on 3 (uneven slices of the parallel backward paths: partial sums, row chunks),
-// and of the reference kernels.
+// and of the reference kernels; then, where the op has several float inputs, of each alone as the
+// one parameter (the others graph inputs), on the default and the reference kernels.
 void check_gradient(const OpCase& op_case);
-void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads = 1);
+void check_gradient_with(const OpCase& op_case, const std::string& prefer_kernel, int threads = 1,
+                         int only_input = -1);
 // The op kinds of the case's graph with its backward: what check_forward / check_gradient run.
 std::vector<std::string> op_kinds_of(const OpCase& op_case);
 
