@@ -136,6 +136,14 @@ Batch Batcher::assemble(const std::vector<int64_t>& order, int64_t epoch, int64_
   return batch;
 }
 
+int64_t batch_bytes(int64_t batch_size, int64_t features) {
+  return batch_size * (features * int64_t{sizeof(float)} + int64_t{sizeof(int32_t)});
+}
+
+int64_t batcher_bytes(const BatcherOptions& options, int64_t features) {
+  return (options.prefetch_depth + int64_t{1}) * batch_bytes(options.batch_size, features);
+}
+
 void Batcher::produce() {
   try {
     for (int64_t epoch = options_.first_epoch;; ++epoch) {

@@ -40,6 +40,12 @@ struct BatcherOptions {
 // audited or resumed without building a Batcher.
 std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch, bool shuffle);
 
+// Bytes of a batch of `batch_size` samples of `features` floats and a label each.
+int64_t batch_bytes(int64_t batch_size, int64_t features);
+// The most a Batcher holds at once, in bytes: its queue (prefetch_depth batches) and the batch it
+// has assembled while it waits for a slot. The consumer's batch in hand is the caller's to count.
+int64_t batcher_bytes(const BatcherOptions& options, int64_t features);
+
 class Batcher {  // iterates epochs forever; batches_per_epoch() batches per epoch
  public:
   // Keeps a reference to `data`, which must outlive the Batcher and not change while it runs.

@@ -47,6 +47,14 @@ double with_learner_named(size_t j, int64_t round, Step&& step) {
 
 }  // namespace
 
+int LearnerGroup::prefetch_depth() const {
+  // Four rounds of the largest group ahead, so a round never waits on I/O, but at most ~64 MiB of
+  // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
+  const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes());
+  const int64_t most = std::max(options_.learners, options_.max_learners);  // an explicit k may exceed the tuner's
+  return static_cast<int>(std::max<int64_t>(2 * most, std::min<int64_t>(4 * most, by_memory)));
+}
+
 int64_t learner_bytes(const Trainer& replica, bool snapshot) {
   return replica.memory_bytes() + (snapshot ? replica.params().flat_size() * 4 : 0);
 }
@@ -176,20 +184,29 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
                                                             average_->train_plan().context().workspace_size())
                                   : 0;
       // On the host fit() also holds the rounds' batches a learner may still be running: the last
-      // staleness + 1 rounds' (a bound of 64 rounds at a large batch holds gigabytes).
+      // staleness + 1 rounds' (a bound of 64 rounds at a large batch holds gigabytes), and those
+      // its feeder assembles ahead (up to 64 MiB of them).
       const int64_t held_batches =
           device.is_cpu() ? (options_.staleness + 1) * learners * batch_bytes() : 0;
-      const int64_t need = per_device * each + sma + average_workspace + held_batches;
+      BatcherOptions feeder;
+      feeder.batch_size = batch_;
+      feeder.prefetch_depth = prefetch_depth();
+      const int64_t fed_batches = device.is_cpu() ? batcher_bytes(feeder, features_) : 0;
+      const int64_t need = per_device * each + sma + average_workspace + held_batches + fed_batches;
       const int64_t have = device.is_cpu() ? cpu_available
                                            : backend_for(device).free_memory(device.index) + first.memory_bytes() -
                                                  first.workspace_bytes();
-      if (have > 0 && need > have)
+      if (have > 0 && need > have) {
+        std::string of_it = options_.staleness > 0 ? cat(held_batches >> 20, " MiB the batches of the last ",
+                                                         options_.staleness + 1, " rounds, for the staleness bound")
+                                                   : std::string();
+        if (fed_batches > 0)
+          of_it += cat(of_it.empty() ? "" : "; ", fed_batches >> 20, " MiB the ", feeder.prefetch_depth + 1,
+                       " batches the feeder assembles ahead");
         throw Error(cat("learners: ", learners, " replicas of '", model_.name, "' at batch ", batch_, " need about ",
-                        need >> 20, " MiB on ", device.str(),
-                        options_.staleness > 0 ? cat(" (", held_batches >> 20, " MiB of it the batches of the last ",
-                                                     options_.staleness + 1, " rounds, for the staleness bound)")
-                                               : std::string(),
+                        need >> 20, " MiB on ", device.str(), of_it.empty() ? std::string() : cat(" (of it: ", of_it, ")"),
                         ", only ", have >> 20, " MiB are available there"));
+      }
     }
     const Tensor& w = learner->trainer->params().flat_params();
     if (carry_state && !learners_.empty()) {  // every replica keeps a predecessor's momentum and step count
@@ -558,11 +575,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   const int64_t epoch_count = train.count / std::max<int64_t>(1, batch_);  // the batcher checks batch_ itself
   const int64_t resume_batch = std::min(epoch_samples_done_ / std::max<int64_t>(1, batch_), std::max<int64_t>(0, epoch_count - 1));
   batcher_options.first_batch = resume_batch;
-  // Four rounds of the largest group ahead, so a round never waits on I/O, but at most ~64 MiB of
-  // batches (a 64-core host at batch 1024 would otherwise queue gigabytes) and at least two rounds.
-  const int64_t by_memory = (int64_t{64} << 20) / std::max<int64_t>(1, batch_bytes());
-  const int64_t most = std::max(options_.learners, options_.max_learners);  // an explicit k may exceed the tuner's
-  batcher_options.prefetch_depth = static_cast<int>(std::max<int64_t>(2 * most, std::min<int64_t>(4 * most, by_memory)));
+  batcher_options.prefetch_depth = prefetch_depth();
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
 

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/batcher.h"
 #include "runtime/cpu_stream.h"
 #include "runtime/device_sma.h"
 #include "runtime/learner_tuner.h"
@@ -291,7 +292,9 @@ class LearnerGroup {
   void trace_group_work(const char* name, const char* kind, int64_t start_us, int64_t round, int learner = -1) const;
   int64_t trace_clock() const { return trace_ ? trace_->now_us() : 0; }  // a start for trace_group_work
   // One learner's batch on the host: its images and labels.
-  int64_t batch_bytes() const { return batch_ * (features_ * int64_t{sizeof(float)} + int64_t{sizeof(int32_t)}); }
+  int64_t batch_bytes() const { return quiver::batch_bytes(batch_, features_); }
+  // How many batches fit()'s Batcher assembles ahead (BatcherOptions::prefetch_depth).
+  int prefetch_depth() const;
   mutable bool average_stale_ = false;
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;

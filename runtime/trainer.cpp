@@ -145,7 +145,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   }
   // Refused now rather than by the kernel's out-of-memory killer once the plans' pages are touched.
   if (options_.device.is_cpu()) {
-    const int64_t have = memory_budget(available, options_.memory_limit), need = memory_bytes();
+    const int64_t have = memory_budget(available, options_.memory_limit), need = memory_bytes() + fed_bytes();
     if (have > 0 && need > have)
       throw Error(cat("model '", model_.name, "' at batch ", options_.batch, " needs about ", need >> 20,
                       " MiB of memory, only ", have >> 20, " MiB are ",
@@ -163,6 +163,13 @@ int64_t Trainer::memory_bytes() const {
     bytes += plan->input_bytes() + plan->activation_bytes() + plan->kernel_bytes();
   // Both plans share one context (one stream on a device): its own buffers count once.
   return bytes + workspace_bytes() + train_plan_->context().resident_bytes();
+}
+
+int64_t Trainer::fed_bytes() const {
+  BatcherOptions feeder;  // as fit() makes them: the default depth
+  feeder.batch_size = options_.batch;
+  const int64_t features = model_.sample_shape.numel();
+  return batcher_bytes(feeder, features) + batch_bytes(options_.batch, features);  // and the step's own
 }
 
 int64_t Trainer::workspace_bytes() const {

@@ -201,6 +201,10 @@ class Trainer {
   // workspace (workspace_bytes) and its own buffers (ExecContext::resident_bytes). An estimate from what was allocated, touched or not (a plan's
   // pages are touched when it first runs; the workspace is allocated then).
   int64_t memory_bytes() const;
+  // The host's batches fit() holds besides: its Batcher's (batcher_bytes) and the one the step
+  // trains on. The memory check when the trainer is made counts both. (LearnerGroup's replicas
+  // are fed by the group's own feeder, which the group's check counts.)
+  int64_t fed_bytes() const;
   // The workspace the trainer's stream grows to when its plans run: both plans share the stream,
   // so the larger of their largest requests (Plan::workspace_bytes; 0 on the CPU).
   int64_t workspace_bytes() const;

@@ -142,23 +142,29 @@ TEST(Learners, StalenessOptionsAreChecked) {
 }
 
 // The batches a staleness bound keeps for learners still running them (the last S + 1 rounds')
-// count in the memory check: within a limit that holds two replicas and a round's batches, a bound
-// of 64 rounds at batch 256 (about 100 MiB of batches) is refused up front, naming them.
+// count in the memory check: within a limit that holds two replicas, five rounds' batches and the
+// feeder's, a bound of 64 rounds at batch 256 (about 100 MiB of batches) is refused up front,
+// naming them.
 TEST(Learners, TheBatchesAStalenessBoundHoldsCountInTheMemoryCheck) {
   TrainOptions train = recipe();
   train.batch = 256;
   train.eval_batch = 1;  // as a replica's (LearnerGroup builds them so), and z's here too
   const int64_t each = learner_bytes(Trainer(models::mlp(), train), true);
-  train.memory_limit = 2 * each + (int64_t{16} << 20);
-  EXPECT_NO_THROW(LearnerGroup(models::mlp(), train, stale(2, 0)));
-  EXPECT_NO_THROW(LearnerGroup(models::mlp(), train, stale(2, 4)));  // 5 rounds of 2 x 0.8 MB
+  train.memory_limit = 2 * each + (int64_t{24} << 20);
+  const auto two = [](int staleness) {
+    LearnerOptions options = stale(2, staleness);
+    options.max_learners = 2;  // the feeder's queue: 8 batches (the default, the host's cores, sets more)
+    return options;
+  };
+  EXPECT_NO_THROW(LearnerGroup(models::mlp(), train, two(0)));
+  EXPECT_NO_THROW(LearnerGroup(models::mlp(), train, two(4)));  // 5 rounds of 2 x 0.8 MB
   try {
-    LearnerGroup group(models::mlp(), train, stale(2, kMaxStaleness));
+    LearnerGroup group(models::mlp(), train, two(kMaxStaleness));
     FAIL() << "65 rounds of two batches of 256 images do not fit in " << train.memory_limit << " bytes";
   } catch (const Error& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("learners: 2 replicas of 'mlp' at batch 256 need about "), std::string::npos) << message;
-    EXPECT_NE(message.find(" MiB of it the batches of the last 65 rounds, for the staleness bound"), std::string::npos)
+    EXPECT_NE(message.find(" MiB the batches of the last 65 rounds, for the staleness bound"), std::string::npos)
         << message;
   }
 }

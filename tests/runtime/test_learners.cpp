@@ -662,6 +662,30 @@ TEST(Learners, TooManyLearnersForMemoryAreRefusedBeforeTraining) {
   }
 }
 
+// The batches fit()'s feeder assembles ahead count in the memory check: four rounds of the largest
+// group it may grow to (max_learners), up to 64 MiB. At batch 256 (0.8 MB a batch), a group that
+// may grow to 16 learners queues 64 batches and is refused within a limit that holds two replicas,
+// their round and a two-learner group's queue of 8, naming the queue.
+TEST(Learners, TheBatchesTheFeederAssemblesAheadCountInTheMemoryCheck) {
+  TrainOptions train = recipe();
+  train.batch = 256;
+  train.eval_batch = 1;  // as a replica's (LearnerGroup builds them so), and z's here too
+  const int64_t each = learner_bytes(Trainer(models::mlp(), train), false);
+  train.memory_limit = 2 * each + (int64_t{20} << 20);
+  LearnerOptions options{2, 1, SmaOptions{}};
+  options.max_learners = 2;  // the default is the host's cores
+  EXPECT_NO_THROW(LearnerGroup(models::mlp(), train, options));
+  options.max_learners = 16;
+  try {
+    LearnerGroup group(models::mlp(), train, options);
+    FAIL() << "65 batches of 256 images do not fit in " << train.memory_limit << " bytes beside two replicas";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("learners: 2 replicas of 'mlp' at batch 256 need about "), std::string::npos) << message;
+    EXPECT_NE(message.find(" MiB the 65 batches the feeder assembles ahead"), std::string::npos) << message;
+  }
+}
+
 // A memory limit (TrainOptions::memory_limit) holds a group's replicas together: three that need
 // more than it are refused; two that fit are built.
 TEST(Learners, AMemoryLimitHoldsTheReplicasTogether) {

@@ -210,11 +210,15 @@ TEST(Trainer, ItsFootprintCountsTheKernelsOwnScratch) {
 // with the sizes, not found out by the out-of-memory killer once training touches the pages. The
 // budget is TrainOptions::memory_limit here (the machine's available memory otherwise), so the
 // test allocates nothing large whatever the host.
+// fit()'s batches on the host count too: the Batcher's four queued and one assembled, and the
+// step's own, each 16 images of 28 x 28 floats and their labels.
 TEST(Trainer, AModelThatDoesNotFitItsMemoryIsRefused) {
   TrainOptions options;
   options.batch = 16;
-  const int64_t footprint = Trainer(models::cnn(), options).memory_bytes();
-  options.memory_limit = footprint + (1 << 20);
+  const Trainer fits(models::cnn(), options);
+  EXPECT_EQ(fits.fed_bytes(), 6 * 16 * (28 * 28 * 4 + 4));
+  const int64_t footprint = fits.memory_bytes() + fits.fed_bytes();
+  options.memory_limit = footprint;
   EXPECT_NO_THROW(Trainer(models::cnn(), options));
   options.memory_limit = footprint - 1;
   try {
