@@ -16,7 +16,8 @@ QUIVER_HD inline float relu(float x) { return x < 0.0f ? 0.0f : x; }
 QUIVER_HD inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 QUIVER_HD inline float tanh(float x) { return std::tanh(x); }
 // Gradients through the forward output y: they need no saved input.
-QUIVER_HD inline float relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+// relu's passes dy where y is NaN (not below the kink), as relu passes a NaN x.
+QUIVER_HD inline float relu_grad(float dy, float y) { return y <= 0.0f ? 0.0f : dy; }
 QUIVER_HD inline float sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }
 QUIVER_HD inline float tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
 

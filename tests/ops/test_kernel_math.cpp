@@ -56,7 +56,11 @@ TEST(KernelMath, ReluGradRoutesThroughPositiveOutputsOnly) {
   EXPECT_EQ(math::relu_grad(0.75f, 2.0f), 0.75f);
   EXPECT_EQ(math::relu_grad(-0.75f, 2.0f), -0.75f);
   EXPECT_EQ(math::relu_grad(0.75f, 0.0f), 0.0f);  // at the kink (y == 0) the gradient is 0
+  EXPECT_EQ(math::relu_grad(0.75f, -0.0f), 0.0f);
   EXPECT_TRUE(std::isnan(math::relu_grad(kNaN, 1.0f)));
+  // A NaN output is not below the kink: dy passes, a NaN dy as NaN, as relu passed the NaN on.
+  EXPECT_EQ(math::relu_grad(0.75f, kNaN), 0.75f);
+  EXPECT_TRUE(std::isnan(math::relu_grad(kNaN, kNaN)));
 }
 
 TEST(KernelMath, SigmoidMatchesClosedForm) {

@@ -527,6 +527,10 @@ TEST(Gemm, ColumnsAreCutWhereRowSlicesWouldEachStreamALargeB) {
     check_forward(matmul_case(false, transposed, 16, 1100, 1100));  // B 4.6 MiB: columns
     check_forward(matmul_case(false, transposed, 16, 512, 64));     // B 128 KiB: rows
   }
+  // A transposed (every dW = X^T dY): its row slices are column ranges of the stored A.
+  EXPECT_EQ(gemm_slices(GemmShape{256, 64, 128, true, false}, 2), 2);
+  EXPECT_FALSE(gemm_cuts_columns(GemmShape{256, 64, 128, true, false}, 2));
+  for (bool transposed : {false, true}) check_forward(matmul_case(true, transposed, 256, 64, 128));
 }
 
 // The kinks the finite-difference cases stay away from, through the graph and autodiff: the
