@@ -104,12 +104,13 @@ __global__ void shift_steps_kernel(float* h_previous, const float* h, int64_t co
 }
 
 // dbias[k] = the sum of column k of dgates (rows, 4H): one thread per column, adding rows in
-// order as the CPU kernel does; neighbouring threads read neighbouring columns.
+// order and in double as the CPU kernels do (B x T rows of one sign drift in float); neighbouring
+// threads read neighbouring columns.
 __global__ void column_sum_kernel(float* sums, const float* matrix, int64_t rows, int64_t columns) {
   for (int64_t k = first_index(); k < columns; k += grid_stride()) {
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int64_t r = 0; r < rows; ++r) sum += matrix[r * columns + k];
-    sums[k] = sum;
+    sums[k] = static_cast<float>(sum);
   }
 }
 
