@@ -32,7 +32,7 @@ void build_backward(GraphBuilder& builder, Value loss) {
     if (param.grad >= 0) throw Error("backward: gradients were already built for this graph");
 
   std::vector<bool> requires_grad(graph.values().size(), false);
-  for (const ParamInfo& param : graph.params()) requires_grad[param.value] = true;
+  for (const ParamInfo& param : graph.params()) requires_grad[graph.value(param.value).id] = true;  // value(): exists
   const int forward_nodes = static_cast<int>(graph.nodes().size());
   for (NodeId id = 0; id < forward_nodes; ++id) {
     const Node& node = graph.node(id);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string_view>
 
 #include "core/error.h"
@@ -52,9 +53,17 @@ Value GraphBuilder::parameter(const std::string& name, const Shape& shape, Param
   std::string full = scoped(name);
   if (graph_.has_name(full)) throw Error(cat("parameter '", full, "' is defined twice"));
   check_extents(shape, cat("parameter '", full, "'"));
-  if (init.kind == InitKind::Uniform && !(std::isfinite(init.bound) && init.bound >= 0.0 && init.terms >= 1))
-    throw Error(cat("parameter '", full, "': a uniform init needs a finite bound >= 0 and terms >= 1, got bound ",
-                    init.bound, " and terms ", init.terms));
+  // Each value is a sum of `terms` draws within +-bound, made a float: the sum must fit one, and
+  // terms are drawn for every element (a million terms of a large weight would never finish).
+  constexpr int kMostTerms = 64;
+  if (init.kind == InitKind::Uniform &&
+      !(std::isfinite(init.bound) && init.bound >= 0.0 && init.terms >= 1 && init.terms <= kMostTerms &&
+        init.bound * init.terms <= std::numeric_limits<float>::max()))
+    throw Error(cat("parameter '", full, "': a uniform init needs a finite bound >= 0 and 1 <= terms <= ", kMostTerms,
+                    " with bound x terms within float32's range, got bound ", init.bound, " and terms ", init.terms));
+  if (std::ranges::any_of(graph_.params(), [](const ParamInfo& param) { return param.grad >= 0; }))
+    throw Error(cat("parameter '", full, "': the graph's gradients are built already (build_backward); "
+                    "add every parameter before it"));
   ValueInfo info;
   info.name = full;
   info.shape = shape;

@@ -68,7 +68,7 @@ ParamInit ParamInit::he_uniform(int64_t fan_in) {
 }
 
 ParamInit ParamInit::glorot_uniform(int64_t fan_in, int64_t fan_out) {
-  return uniform(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+  return uniform(std::sqrt(6.0 / (static_cast<double>(fan_in) + static_cast<double>(fan_out))));
 }
 
 namespace {
@@ -107,6 +107,7 @@ ValueId Graph::id_of(Value handle, const std::string& what) const {
 
 ValueId Graph::add_value(ValueInfo info) {
   info.id = static_cast<ValueId>(values_.size());
+  info.producer = -1;  // only add_node makes a value some node's output
   values_.push_back(std::move(info));
   readers_.emplace_back();
   return values_.back().id;
@@ -132,6 +133,8 @@ NodeId Graph::add_node(Node node) {
                       info.producer >= 0 ? cat("already the output of node ", info.producer) : std::string("not an activation")));
     if (!readers_[static_cast<size_t>(output)].empty())
       throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is read by an earlier node (a cycle)"));
+    if (std::find(node.inputs.begin(), node.inputs.end(), output) != node.inputs.end())
+      throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is also its input (a cycle)"));
     if (std::find(node.outputs.begin(), node.outputs.begin() + static_cast<std::ptrdiff_t>(i), output) !=
         node.outputs.begin() + static_cast<std::ptrdiff_t>(i))
       throw Error(cat(node.op, " '", node.name, "': output '", info.name, "' is given twice"));
@@ -145,6 +148,13 @@ NodeId Graph::add_node(Node node) {
 }
 
 int Graph::add_param(ParamInfo info) {
+  // The parameter's value: a Parameter that names this slot, as GraphBuilder::parameter makes it.
+  const int index = static_cast<int>(params_.size());
+  const ValueInfo& value = this->value(info.value);
+  if (value.role != ValueRole::Parameter || value.param_index != index)
+    throw Error(cat("parameter '", info.name, "': value ", info.value, " ('", value.name,
+                    "') is not the parameter value of slot ", index));
+  if (info.grad != -1) throw Error(cat("parameter '", info.name, "': a new parameter has no gradient yet"));
   params_.push_back(std::move(info));
   return static_cast<int>(params_.size()) - 1;
 }

@@ -1,6 +1,9 @@
 #include "core/nn.h"
 
 #include <cmath>
+#include <initializer_list>
+
+#include "core/error.h"
 
 namespace quiver {
 
@@ -21,6 +24,16 @@ struct Scope {
 struct LayerParamInits {
   ParamInit weight, bias;
 };
+
+// The product of a module's extents (a weight's fan-in, an LSTM's 4H), each >= 1: refused naming
+// the module where one is not, or where the product overflows, before any shape is made of it.
+int64_t checked_product(const std::string& module, const char* what, std::initializer_list<int64_t> extents) {
+  int64_t product = 1;
+  for (int64_t extent : extents)
+    if (extent < 1 || __builtin_mul_overflow(product, extent, &product))
+      throw Error(cat("module '", module, "': ", what, " needs extents >= 1 whose product fits in 64 bits"));
+  return product;
+}
 
 LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
   if (init == LayerInit::torch_default)
@@ -45,7 +58,8 @@ Value Conv2d::forward(GraphBuilder& builder, Value x) {
   Scope scope(builder, name());
   const Conv2dOptions& o = options_;
   LayerParamInits init =
-      layer_param_inits(o.init_, o.in_channels * o.kernel_size * o.kernel_size);
+      layer_param_inits(o.init_, checked_product(name(), "the fan-in in_channels x kernel x kernel",
+                                                 {o.in_channels, o.kernel_size, o.kernel_size}));
   Value weight = builder.parameter(
       "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init.weight);
   Value y = builder.conv2d(x, weight, Conv2dAttrs{o.stride_, o.padding_}, "conv");
@@ -64,13 +78,14 @@ Value Flatten::forward(GraphBuilder& builder, Value x) { return builder.flatten(
 
 Value LSTM::forward(GraphBuilder& builder, Value x) {
   Scope scope(builder, name());
-  int64_t input = options_.input_size, hidden = options_.hidden_size;
+  const int64_t input = options_.input_size, hidden = options_.hidden_size;
+  const int64_t gates = checked_product(name(), "the gates' width 4 x hidden_size", {4, hidden});
   ParamInit init = ParamInit::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
-  Value wx = builder.parameter("wx", Shape{input, 4 * hidden}, init);
-  Value wh = builder.parameter("wh", Shape{hidden, 4 * hidden}, init);
+  Value wx = builder.parameter("wx", Shape{input, gates}, init);
+  Value wh = builder.parameter("wh", Shape{hidden, gates}, init);
   // PyTorch's LSTM adds two biases (input and hidden), each U(-k, k); one bias drawn as their
   // sum starts from the same distribution.
-  Value bias = builder.parameter("bias", Shape{4 * hidden}, ParamInit::uniform(init.bound, 2));
+  Value bias = builder.parameter("bias", Shape{gates}, ParamInit::uniform(init.bound, 2));
   return builder.lstm(x, wx, wh, bias, "cell");
 }
 

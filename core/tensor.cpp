@@ -60,6 +60,12 @@ void* Tensor::raw() const {
 
 namespace {
 
+// A default Tensor has no storage, yet its shape [] counts one element: each use that reads or
+// writes elements refuses it rather than follow the null pointer.
+void require_defined(const Tensor& tensor, const char* what) {
+  if (!tensor.defined()) throw Error(cat(what, ": the tensor is empty (a default Tensor, no storage)"));
+}
+
 bool has_negative_extent(const Shape& shape) {
   for (int64_t extent : shape.dims())
     if (extent < 0) return true;
@@ -69,12 +75,14 @@ bool has_negative_extent(const Shape& shape) {
 }  // namespace
 
 Tensor Tensor::view(const Shape& shape) const {
+  require_defined(*this, "view");
   if (has_negative_extent(shape) || shape.numel() != numel())  // [-2,-2] has 4 "elements"
     throw Error(cat("view: cannot view ", shape_.str(), " as ", shape.str()));
   return Tensor(storage_, offset_, shape, dtype_);
 }
 
 Tensor Tensor::slice(int64_t offset, const Shape& shape) const {
+  require_defined(*this, "slice");
   // numel() - offset, not offset + count: an offset near 2^63 would overflow past the check.
   if (offset < 0 || offset > numel() || has_negative_extent(shape) || shape.numel() > numel() - offset)
     throw Error(cat("slice: ", shape.str(), " at ", offset, " does not fit in ", shape_.str()));
@@ -82,6 +90,7 @@ Tensor Tensor::slice(int64_t offset, const Shape& shape) const {
 }
 
 void Tensor::fill(float value) const {
+  require_defined(*this, "fill");
   if (!device().is_cpu()) {
     if (dtype_ == DType::F32) {
       backend_for(device()).fill(raw(), device().index, value, numel());
@@ -101,6 +110,8 @@ void Tensor::fill(float value) const {
 }
 
 void Tensor::copy_from(const Tensor& src) const {
+  require_defined(*this, "copy (into)");
+  require_defined(src, "copy (from)");
   if (src.numel() != numel() || src.dtype() != dtype_)
     throw Error(cat("copy: ", src.shape().str(), " ", name_of(src.dtype()), " into ", shape_.str(),
                     " ", name_of(dtype_)));
@@ -113,6 +124,7 @@ void Tensor::copy_from(const Tensor& src) const {
 }
 
 Tensor Tensor::to_cpu() const {
+  require_defined(*this, "to_cpu");
   if (device().is_cpu()) return *this;
   Tensor copy = empty(shape_, dtype_);
   copy.copy_from(*this);

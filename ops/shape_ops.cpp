@@ -1,7 +1,9 @@
 #include "ops/shape_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/builder.h"
 #include "ops/kernel_util.h"
@@ -32,6 +34,11 @@ std::vector<TensorType> infer_reshape(const InferContext& ctx) {
 
 std::vector<TensorType> infer_fill(const InferContext& ctx) {
   expect_inputs(ctx, 0);
+  // A double past float's range converts to float undefined (infinities convert as they are). A
+  // missing value is the kernel's to name when it is prepared.
+  const double value = ctx.node.attrs.get_float("value", 0.0);
+  if (std::isfinite(value) && std::abs(value) > std::numeric_limits<float>::max())
+    ctx.fail(cat("value ", value, " does not fit in a float32"));
   return {{Shape(ctx.node.attrs.get_ints("shape")), DType::F32}};
 }
 

@@ -67,6 +67,14 @@ void check_node(const Graph& graph, const Node& node) {
     const ValueInfo& input = graph.value(node.inputs[i]);
     if (input.role == ValueRole::Activation && input.producer < 0)
       throw Error(cat(where, "input ", i, " '", input.name, "' is an activation that no node computes"));
+    // A producer set through the mutable value() must be an earlier node that lists the value.
+    if (input.role == ValueRole::Activation) {
+      const bool made_earlier = input.producer < node.id &&
+                                std::ranges::count(graph.node(input.producer).outputs, input.id) > 0;
+      if (!made_earlier)
+        throw Error(cat(where, "input ", i, " '", input.name, "' claims node ", input.producer,
+                        " computes it; no earlier node does"));
+    }
     infer.inputs.push_back({input.shape, input.dtype});
   }
   std::vector<TensorType> inferred;

@@ -177,6 +177,48 @@ TEST(Builder, UniformInitsNeedAFiniteBound) {
         << bound;
   EXPECT_THROW(b.parameter("w0", Shape{2}, ParamInit::uniform(0.1, 0)), Error);
   EXPECT_NO_THROW(b.parameter("w1", Shape{2}, ParamInit::uniform(0.0)));
+  // A sum of draws past float32's range would convert undefined (most weights came out +-inf), and
+  // a billion terms an element would never finish initialising.
+  EXPECT_NE(error_of([&] { b.parameter("huge", Shape{4}, ParamInit::uniform(1e39)); }).find("within float32's range"),
+            std::string::npos);
+  EXPECT_THROW(b.parameter("summed", Shape{4}, ParamInit::uniform(1e38, 4)), Error);
+  EXPECT_NE(error_of([&] { b.parameter("slow", Shape{4}, ParamInit::uniform(0.1, 1 << 30)); }).find("terms <= 64"),
+            std::string::npos);
+  EXPECT_NO_THROW(b.parameter("w2", Shape{2}, ParamInit::uniform(1e37, 2)));
+  // So would a fill's value; an infinity converts as it is.
+  EXPECT_NE(error_of([&] { b.fill(Shape{2}, 1e39, "too_big"); }).find("fill 'too_big': value 1e+39 does not fit in a float32"),
+            std::string::npos);
+  EXPECT_NO_THROW(b.fill(Shape{2}, -INFINITY, "minus_infinity"));
+}
+
+// Once the gradients are built a new parameter would have none, and every later call refused the
+// graph with another reason ("call build_backward before adding updates", "gradients were already
+// built"): the parameter is refused instead, saying so.
+TEST(Builder, AParameterAfterTheBackwardIsRefused) {
+  GraphBuilder b;
+  Value w = b.parameter("w", Shape{2}, ParamInit::zeros());
+  build_backward(b, b.reshape(b.matmul(b.reshape(w, Shape{1, 2}), b.input("r", Shape{2, 1})), Shape{}));
+  EXPECT_NE(error_of([&] { b.parameter("late", Shape{2}, ParamInit::zeros()); })
+                .find("parameter 'late': the graph's gradients are built already (build_backward)"),
+            std::string::npos);
+  EXPECT_NO_THROW(add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{}));
+}
+
+// A module's extents are checked before the module multiplies them: an LSTM's 4 x hidden once
+// wrapped to 0 (and the error showed a [1,0] weight), a conv's fan-in overflowed.
+TEST(Modules, ExtentsAreCheckedBeforeTheirProducts) {
+  GraphBuilder b;
+  Value sequence = b.input("s", Shape{2, 3, 1});
+  EXPECT_NE(error_of([&] { LSTM("lstm", LSTMOptions(1, int64_t{1} << 62)).forward(b, sequence); })
+                .find("module 'lstm': the gates' width 4 x hidden_size needs extents >= 1"),
+            std::string::npos);
+  EXPECT_THROW(LSTM("none", LSTMOptions(1, 0)).forward(b, sequence), Error);
+  Value image = b.input("x", Shape{1, 1, 4, 4});
+  EXPECT_NE(error_of([&] { Conv2d("conv", Conv2dOptions(int64_t{1} << 32, 1, int64_t{1} << 32)).forward(b, image); })
+                .find("module 'conv': the fan-in in_channels x kernel x kernel needs extents >= 1"),
+            std::string::npos);
+  const double glorot = ParamInit::glorot_uniform(std::numeric_limits<int64_t>::max(), 1).bound;  // the sum wrapped
+  EXPECT_TRUE(std::isfinite(glorot) && glorot > 0.0) << glorot;
 }
 
 // Extents below 1 never reach a plan (whose allocation would be handed a negative size), and an
@@ -316,6 +358,43 @@ TEST(Graph, ANodesOutputsAreNewActivations) {
   EXPECT_NE(error_of([&] { g.add_node(twice); }).find("is given twice"), std::string::npos);
   const size_t nodes = g.nodes().size();
   EXPECT_EQ(g.add_node(node_writing(g.add_value(ValueInfo{}), x.id)), static_cast<NodeId>(nodes));  // a new one is fine
+  // A node that reads its own output: the reader is registered after the check above, so it was
+  // accepted and its kernel ran on the value's unwritten buffer.
+  const ValueId loop = g.add_value(ValueInfo{});
+  EXPECT_NE(error_of([&] { g.add_node(node_writing(loop, loop)); }).find("output '' is also its input (a cycle)"),
+            std::string::npos);
+}
+
+// Only add_node makes a value a node's output: add_value drops a producer its caller claims, and
+// add_param takes only the Parameter value of its own slot (build_backward indexed by it unchecked).
+TEST(Graph, ProducersAndParameterSlotsAreTheGraphsToSet) {
+  GraphBuilder b;
+  Graph& g = b.graph();
+  b.relu(b.input("x", Shape{2, 2}), "first");
+  ValueInfo claimed;
+  claimed.name = "claimed";
+  claimed.shape = Shape{2, 2};
+  claimed.producer = 0;
+  EXPECT_EQ(g.value(g.add_value(claimed)).producer, -1);
+  EXPECT_NE(error_of([&] { g.add_param(ParamInfo{"ghost", -1, -1, ParamInit::zeros()}); }).find("no value -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.add_param(ParamInfo{"x_as_w", 0, -1, ParamInit::zeros()}); })
+                .find("parameter 'x_as_w': value 0 ('x') is not the parameter value of slot 0"),
+            std::string::npos);
+  EXPECT_TRUE(g.params().empty());
+}
+
+// A default Tensor has no storage, yet counts one element (shape []): filling it, copying to or
+// from it, or viewing it followed a null pointer.
+TEST(Tensor, ADefaultTensorIsRefusedWhereItsElementsWouldBeUsed) {
+  const Tensor none;
+  const Tensor one = Tensor::zeros(Shape{1});
+  EXPECT_NE(error_of([&] { none.fill(0.0f); }).find("fill: the tensor is empty (a default Tensor"), std::string::npos);
+  EXPECT_NE(error_of([&] { one.copy_from(none); }).find("copy (from): the tensor is empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { none.copy_from(one); }).find("copy (into): the tensor is empty"), std::string::npos);
+  EXPECT_THROW((void)none.view(Shape{1}), Error);
+  EXPECT_THROW((void)none.slice(0, Shape{1}), Error);
+  EXPECT_THROW((void)none.to_cpu(), Error);
 }
 
 // The readers of a value are indexed as nodes are added (not found by scanning every node, which
@@ -530,6 +609,21 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
     const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
     EXPECT_NE(message.find("plan: relu 'was_fine': its inputs no longer fit its op: "), std::string::npos) << message;
     EXPECT_EQ(message.find("'was_fine'", message.find("'was_fine'") + 1), std::string::npos) << "named once: " << message;
+  }
+  {  // a producer written through the mutable value(): nothing wrote the buffer its reader reads
+    GraphBuilder b;
+    Graph& g = b.graph();
+    b.relu(b.input("x", Shape{2, 2}), "first");
+    ValueInfo fake;
+    fake.name = "fake";
+    fake.shape = Shape{2, 2};
+    const ValueId id = g.add_value(fake);
+    Value y = b.relu(g.handle(id), "reads_fake");
+    g.value(id).producer = 0;
+    ParamStore store(g);
+    const std::string message = error_of([&] { Plan plan(g, store, {y}); });
+    EXPECT_NE(message.find("plan: relu 'reads_fake': input 0 'fake' claims node 0 computes it; no earlier node does"),
+              std::string::npos) << message;
   }
   {  // a parameter's value declared larger than its slot: its reader's kernel would read past it
     GraphBuilder b;
