@@ -5,17 +5,21 @@
 // Threads: the batch is cut into at most ctx.threads() slices, each run single-threaded by one
 // granted thread with its own primitive, stream and buffers, so oneDNN's OpenMP runtime never
 // opens a parallel region. Primitives are created on first use for a slice count, never per step
-// (the whole batch as one slice when the kernel is prepared). The reordered copies of the two
-// arguments cut by the batch take one buffer per argument, shared by every slice count: the slices
-// of one count run at once and take consecutive regions of it, and two slice counts never run at
-// once (a node runs one call at a time). Each count owning its copies cost the CNN at batch 2000
-// 1.35 GB instead of 0.92 on two threads, where auto profiles counts 1 and 2; a many-core host
-// profiles a dozen counts.
+// (the whole batch as one slice, and as many slices as the plan has threads, when the kernel is
+// prepared). Every buffer a slice needs is a region of one of three buffers shared by every slice
+// count: the reordered copies of the two arguments cut by the batch, one buffer each, and the
+// slice's own (its copy of the argument not cut, its share of dw, its scratchpad) in the third.
+// The slices of one count run at once and take consecutive regions, and two slice counts never
+// run at once (a node runs one call at a time), so the kernel holds what its widest count needs,
+// which preparing it counts. Each count owning its copies cost the CNN at batch 2000 1.35 GB
+// instead of 0.92 on two threads, where auto profiles counts 1 and 2; a many-core host profiles a
+// dozen counts, and its slices' own weight copies added up to hundreds of MB the plan never counted.
 // Every primitive (convolutions and reorders) has its own scratchpad (scratchpad_mode::user): in
 // oneDNN's default library mode the scratchpad is shared by the primitives a thread created,
 // and such a primitive must run on that thread; here they are created on the calling thread and
 // run on whichever granted thread takes their slice, two of them at once.
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <map>
@@ -94,31 +98,8 @@ class Staged {
 
 enum class Pass { Forward, BackwardData, BackwardWeights };
 
-// A slice of the batch: images [first, first + count), with its primitive and staged arguments.
-struct Slice {
-  int64_t first = 0, count = 0;
-  dnnl::stream stream;
-  dnnl::primitive primitive;
-  std::unique_ptr<Staged> lhs, rhs, out;  // two inputs and the output, in the pass's argument order
-  int lhs_arg = 0, rhs_arg = 0, out_arg = 0;
-  memory scratchpad;                      // the primitive's own (see the top of this file)
-  std::vector<float> partial_weights;     // BackwardWeights: this slice's share of dw
-  // The two arguments cut by the batch (Forward: x, y; BackwardData: dy, dx; BackwardWeights: dy,
-  // x), whose reordered copies live in the kernel's shared buffers at these offsets.
-  std::array<Staged*, 2> sliced{};
-  std::array<size_t, 2> offset{};
-  // Bytes this slice holds for itself: the copy of the argument not cut (the weights, or dw),
-  // dw's share, the scratchpad.
-  size_t own_bytes() const {
-    size_t bytes = partial_weights.size() * sizeof(float) + scratchpad.get_desc().get_size();
-    for (const Staged* argument : {lhs.get(), rhs.get(), out.get()})
-      if (argument != sliced[0] && argument != sliced[1]) bytes += argument->internal_bytes();
-    return bytes;
-  }
-};
-
-// Bytes shared by one batch-cut argument's reordered copies across slice counts. Its contents
-// never outlive a call: each call fills what it reads.
+// Bytes shared by the slices of every count, each slice taking a region. Its contents never
+// outlive a call: each call fills what it reads.
 class SharedBuffer {
  public:
   static size_t rounded(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -142,6 +123,46 @@ class SharedBuffer {
   size_t bytes_ = 0;
 };
 
+// A slice of the batch: images [first, first + count), with its primitive and staged arguments.
+struct Slice {
+  int64_t first = 0, count = 0;
+  dnnl::stream stream;
+  dnnl::primitive primitive;
+  std::unique_ptr<Staged> lhs, rhs, out;  // two inputs and the output, in the pass's argument order
+  int lhs_arg = 0, rhs_arg = 0, out_arg = 0;
+  memory scratchpad;            // the primitive's own (see the top of this file), in the own region
+  int64_t partial_weights = 0;  // BackwardWeights: floats of this slice's share of dw, in the own region
+  // The two arguments cut by the batch (Forward: x, y; BackwardData: dy, dx; BackwardWeights: dy,
+  // x), whose reordered copies live in the kernel's first two shared buffers, and the one not cut
+  // (the weights, or dw), whose copy starts the slice's own region in the third.
+  std::array<Staged*, 2> sliced{};
+  Staged* whole = nullptr;
+  std::array<size_t, 3> offset{};  // in each shared buffer
+
+  // Bytes the slice takes in each shared buffer; the own region holds whole's copy, dw's share
+  // and the scratchpad, in that order.
+  std::array<size_t, 3> bytes() const {
+    return {SharedBuffer::rounded(sliced[0]->internal_bytes()), SharedBuffer::rounded(sliced[1]->internal_bytes()),
+            SharedBuffer::rounded(whole->internal_bytes()) + partial_bytes() +
+                SharedBuffer::rounded(scratchpad.get_desc().get_size())};
+  }
+  size_t partial_bytes() const { return SharedBuffer::rounded(static_cast<size_t>(partial_weights) * sizeof(float)); }
+  float* partial(const std::array<SharedBuffer, 3>& shared) const {
+    return reinterpret_cast<float*>(shared[2].data() + offset[2] + SharedBuffer::rounded(whole->internal_bytes()));
+  }
+  // Points the copies and the scratchpad at the slice's regions (rebinding only what moved).
+  void bind(const std::array<SharedBuffer, 3>& shared) {
+    for (size_t k = 0; k < sliced.size(); ++k) sliced[k]->bind_internal(shared[k].data() + offset[k]);
+    whole->bind_internal(shared[2].data() + offset[2]);
+    char* pad = reinterpret_cast<char*>(partial(shared)) + partial_bytes();
+    if (scratchpad.get_desc().get_size() > 0 && pad != scratchpad_bound) {
+      scratchpad.set_data_handle(pad);
+      scratchpad_bound = pad;
+    }
+  }
+  char* scratchpad_bound = nullptr;
+};
+
 memory::desc plain(const memory::dims& dims, Tag tag) { return memory::desc(dims, memory::data_type::f32, tag); }
 memory::desc any(const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, Tag::any); }
 
@@ -159,35 +180,38 @@ std::unique_ptr<Slice> make_slice(Pass pass, const ConvGeometry& g, int64_t firs
   dnnl::convolution_forward::primitive_desc forward_pd(forward, attr, engine);
   if (pass == Pass::Forward) {
     slice->primitive = dnnl::convolution_forward(forward_pd);
-    slice->scratchpad = memory(forward_pd.scratchpad_desc(), engine);
+    slice->scratchpad = memory(forward_pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
     slice->lhs = std::make_unique<Staged>(plain(src, Tag::nchw), forward_pd.src_desc(), engine, true);
-    slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), forward_pd.weights_desc(), engine);
+    slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), forward_pd.weights_desc(), engine, true);
     slice->out = std::make_unique<Staged>(plain(dst, Tag::nchw), forward_pd.dst_desc(), engine, true);
     slice->lhs_arg = DNNL_ARG_SRC, slice->rhs_arg = DNNL_ARG_WEIGHTS, slice->out_arg = DNNL_ARG_DST;
     slice->sliced = {slice->lhs.get(), slice->out.get()};
+    slice->whole = slice->rhs.get();
   } else if (pass == Pass::BackwardData) {
     dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                any(dst), strides, padding, padding);
     dnnl::convolution_backward_data::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_data(pd);
-    slice->scratchpad = memory(pd.scratchpad_desc(), engine);
+    slice->scratchpad = memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
     slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine, true);
-    slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.weights_desc(), engine);
+    slice->rhs = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.weights_desc(), engine, true);
     slice->out = std::make_unique<Staged>(plain(src, Tag::nchw), pd.diff_src_desc(), engine, true);
     slice->lhs_arg = DNNL_ARG_DIFF_DST, slice->rhs_arg = DNNL_ARG_WEIGHTS, slice->out_arg = DNNL_ARG_DIFF_SRC;
     slice->sliced = {slice->lhs.get(), slice->out.get()};
+    slice->whole = slice->rhs.get();
   } else {
     dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any(src), any(weights),
                                                   any(dst), strides, padding, padding);
     dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, engine, forward_pd);
     slice->primitive = dnnl::convolution_backward_weights(pd);
-    slice->scratchpad = memory(pd.scratchpad_desc(), engine);
+    slice->scratchpad = memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
     slice->lhs = std::make_unique<Staged>(plain(dst, Tag::nchw), pd.diff_dst_desc(), engine, true);
     slice->rhs = std::make_unique<Staged>(plain(src, Tag::nchw), pd.src_desc(), engine, true);
-    slice->out = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.diff_weights_desc(), engine);
+    slice->out = std::make_unique<Staged>(plain(weights, Tag::oihw), pd.diff_weights_desc(), engine, true);
     slice->lhs_arg = DNNL_ARG_DIFF_DST, slice->rhs_arg = DNNL_ARG_SRC, slice->out_arg = DNNL_ARG_DIFF_WEIGHTS;
     slice->sliced = {slice->lhs.get(), slice->rhs.get()};
-    slice->partial_weights.resize(static_cast<size_t>(g.out_channels * g.patch()));
+    slice->whole = slice->out.get();
+    slice->partial_weights = g.out_channels * g.patch();
   }
   return slice;
 }
@@ -217,10 +241,10 @@ class OnednnConv {
             break;
           case Pass::BackwardWeights:
             s.lhs->bind(lhs + s.first * image_out), s.rhs->bind(rhs + s.first * image_in);
-            s.out->bind(s.partial_weights.data());
+            s.out->bind(s.partial(shared_));
             break;
         }
-        for (size_t k = 0; k < s.sliced.size(); ++k) s.sliced[k]->bind_internal(shared_[k].data() + s.offset[k]);
+        s.bind(shared_);
         s.lhs->to_internal(s.stream);
         s.rhs->to_internal(s.stream);
         s.primitive.execute(s.stream, {{s.lhs_arg, s.lhs->internal()}, {s.rhs_arg, s.rhs->internal()},
@@ -231,37 +255,38 @@ class OnednnConv {
     });
     if (pass_ != Pass::BackwardWeights) return;
     const int64_t weights = g_.out_channels * g_.patch();
-    std::copy_n(slices[0]->partial_weights.data(), weights, out);
-    for (size_t index = 1; index < slices.size(); ++index)
-      for (int64_t i = 0; i < weights; ++i) out[i] += slices[index]->partial_weights[i];
+    std::copy_n(slices[0]->partial(shared_), weights, out);
+    for (size_t index = 1; index < slices.size(); ++index) {
+      const float* partial = slices[index]->partial(shared_);
+      for (int64_t i = 0; i < weights; ++i) out[i] += partial[i];
+    }
   }
 
-  // The slices for `count` threads, made on first use; their reordered copies of the batch-cut
-  // arguments take consecutive regions of the shared buffers, grown to fit.
+  // The slices for `count` threads, made on first use; their buffers take consecutive regions of
+  // the shared buffers, grown to fit.
   std::vector<std::unique_ptr<Slice>>& slices_for(int64_t count) {
     auto found = slices_.find(count);
     if (found != slices_.end()) return found->second;
     std::vector<std::unique_ptr<Slice>> made;
-    std::array<size_t, 2> used{};
-    size_t own = 0;
+    std::array<size_t, 3> used{};
     for (int64_t index = 0; index < count; ++index) {
       int64_t first = g_.batch * index / count, last = g_.batch * (index + 1) / count;
       made.push_back(make_slice(pass_, g_, first, last - first, engine_));
       Slice& slice = *made.back();
+      const std::array<size_t, 3> bytes = slice.bytes();
       for (size_t k = 0; k < used.size(); ++k) {
         slice.offset[k] = used[k];
-        used[k] += SharedBuffer::rounded(slice.sliced[k]->internal_bytes());
+        used[k] += bytes[k];
       }
-      own += slice.own_bytes();
     }
     for (size_t k = 0; k < used.size(); ++k) shared_[k].reserve(used[k]);  // may throw: nothing kept yet
-    own_bytes_ += own;
     return slices_.emplace(count, std::move(made)).first->second;
   }
 
-  // Bytes held for the kernel's own use so far: the shared buffers and every slice's own.
+  // Bytes held for the kernel's own use so far: the shared buffers (each slice's reorders keep a
+  // scratchpad of their own too, where one asks for it: none of the bundled shapes' does).
   int64_t scratch_bytes() const {
-    return static_cast<int64_t>(shared_[0].bytes() + shared_[1].bytes() + own_bytes_);
+    return static_cast<int64_t>(shared_[0].bytes() + shared_[1].bytes() + shared_[2].bytes());
   }
 
  private:
@@ -269,8 +294,7 @@ class OnednnConv {
   ConvGeometry g_;
   dnnl::engine engine_;
   std::map<int64_t, std::vector<std::unique_ptr<Slice>>> slices_;  // by slice count
-  std::array<SharedBuffer, 2> shared_;  // the reordered copies of Slice::sliced, by position
-  size_t own_bytes_ = 0;
+  std::array<SharedBuffer, 3> shared_;  // Slice::sliced's reordered copies, by position; the slices' own
 };
 
 KernelImpl make_kernel(Pass pass) {
@@ -283,11 +307,13 @@ KernelImpl make_kernel(Pass pass) {
     const Shape& w = pass == Pass::BackwardWeights ? spec.output(0).shape : spec.input(1).shape;
     ConvGeometry g = conv_geometry(x, w, spec.node.attrs.get_int("stride", 1), spec.node.attrs.get_int("padding", 0));
     auto conv = std::make_shared<OnednnConv>(pass, g);
-    // The whole batch as one slice now, so the plan's footprint counts the shared copies (other
-    // slice counts need about as much: the same images in the same layouts).
+    // The whole batch as one slice now, and as many slices as the plan has threads, so the plan's
+    // footprint counts the shared buffers as the widest count grows them (the batch-cut copies
+    // hold the same images at every count; the own regions grow with the count).
     try {
       const OneDnnOnThisThread one_thread;
       conv->slices_for(1);
+      if (spec.context) conv->slices_for(std::clamp<int64_t>(spec.context->threads(), 1, g.batch));
     } catch (const dnnl::error& error) {
       throw Error(cat(spec.node.op, " '", spec.node.name, "': oneDNN error ", static_cast<int>(error.status), ": ",
                       error.what()));
