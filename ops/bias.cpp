@@ -59,16 +59,20 @@ KernelFn prepare_bias_add(const KernelSpec& spec) {
 }
 
 // The sum of n floats in kLanes independent partial sums, so the loop vectorizes (one running
-// float sum is a chain of dependent adds the compiler may not reorder), the lanes added in double.
+// float sum is a chain of dependent adds the compiler may not reorder), the lanes added into a
+// double every kRun floats: a lane adds at most kRun / kLanes floats (a 224 x 224 plane held in
+// float lanes would add 3136 each, drifting where the (B, C) path and the CUDA kernel sum in double).
 double sum_in_lanes(const float* x, int64_t n) {
-  constexpr int64_t kLanes = 16;
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+  constexpr int64_t kLanes = 16, kRun = 16 * kLanes;
   double sum = 0.0;
+  int64_t i = 0;
+  while (i + kLanes <= n) {
+    float lanes[kLanes] = {};
+    for (const int64_t end = i + std::min(kRun, (n - i) / kLanes * kLanes); i < end; i += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+    for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  }
   for (; i < n; ++i) sum += x[i];
-  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
   return sum;
 }
 

@@ -671,6 +671,19 @@ TEST(Extremes, CrossEntropyOfHugeEqualLogitsIsLogC) {
   }
 }
 
+// A large plane of one sign: bias_grad over (B, C, H, W) sums each plane in float lanes, added
+// into a double often enough that it matches the double sum as the (B, C) path and CUDA do (with
+// 4096 floats a lane, as a 256 x 256 plane once took, 6553.85 where the sum is 6553.60).
+TEST(Extremes, BiasGradOfALargePlaneSumsAsInDouble) {
+  const int64_t plane = 256 * 256;
+  const std::vector<float> dbias = run_op(
+      [](GraphBuilder& b, const std::vector<Value>& in) { return b.apply1("bias_grad", {in[0]}); },
+      {{Shape{1, 2, 256, 256}, std::vector<float>(2 * plane, 0.1f)}});
+  ASSERT_EQ(dbias.size(), 2u);
+  const double exact = static_cast<double>(plane) * static_cast<double>(0.1f);
+  for (float sum : dbias) EXPECT_NEAR(sum, exact, 1e-6 * exact);
+}
+
 TEST(OpCases, RunEveryRegisteredKind) {
   std::set<std::string> covered = {"sgd_update", "adam_update"};  // tests/ops/test_optimizer.cpp
   for (const OpCase& op_case : all_cases())
