@@ -354,7 +354,14 @@ void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
       const FlushDenormals flushed;  // core/denormals.h: no subnormal assists inside kernels
       step.kernel(KernelCall{ctx, node, step.inputs, step.outputs});
     }
-    if (profile_) step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (profile_) {
+      // A device kernel returns once it is queued: the profile waits for it to finish on the
+      // stream (the previous step's wait leaves nothing else queued before it), so each step's
+      // time is its own GPU time, not its launch's. A trace keeps the stream's overlap instead: its
+      // device events span the launches.
+      if (!device_.is_cpu()) backend_for(device_).synchronize(ctx);
+      step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     if (trace_)
       trace_->record(TraceEvent{node.name, node.op, step.kernel_name, trace_start, trace_->now_us() - trace_start,
                                 trace_thread_index(), ctx.threads(), run_index + trace_step_offset_, trace_learner_});

@@ -24,7 +24,8 @@ struct PlanOptions {
   int threads = 1;
   // Use the kernel of this name wherever an op has one ("reference" in tests); else registry order.
   std::string prefer_kernel;
-  // Accumulate each step's wall time (PlanStep::seconds); for profiles, off by default.
+  // Accumulate each step's wall time (PlanStep::seconds); for profiles, off by default. On a
+  // device each step then waits for its kernels to finish on the stream.
   bool profile = false;
   // Where tensors live and kernels run; the store's buffers must be on the same device.
   Device device;

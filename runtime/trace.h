@@ -6,7 +6,9 @@
 // and synchronous SGD's update) in the "training loop" row (pid 1), where a single model's ops go
 // too. On the CPU each learner runs its share of the SMA pass ("sma round") on its own threads,
 // and under a staleness bound absorbs its own correction ("sma absorb"): both in its own row. A traced plan
-// runs eagerly (no CUDA graph replay), so a traced run on a GPU is not a timing reference.
+// runs eagerly (no CUDA graph replay), so a traced run on a GPU is not a timing reference; there
+// an op's event spans its launch on the host, not its kernels' run on the stream (a profiled plan,
+// PlanOptions::profile, waits for each op's kernels instead).
 // Written atomically (temporary file, then rename): a crash never leaves half a trace.
 #pragma once
 
