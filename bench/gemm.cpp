@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   quiver::ThreadBudget two_threads(2);
   const quiver::SerialContext one_thread;
   std::vector<std::vector<float>> evict(2, std::vector<float>(size_t{1} << 20));
-  std::printf("\n| GEMM on 2 threads (M x N x K) | cut by rows, us | cut by columns, us | rows / columns | gemm() cuts |\n"
+  std::printf("\n| GEMM on 2 threads (M x N x K) | cut by rows, us | cut by columns, us | rows time / columns time | gemm() cuts |\n"
               "|---|---|---|---|---|\n");
   for (const Cut& c : cuts) {
     std::vector<float> a(static_cast<size_t>(c.m) * c.k, 0.5f), b(static_cast<size_t>(c.k) * c.n, 0.25f),

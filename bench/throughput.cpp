@@ -118,13 +118,15 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
   ModelSpec spec = models::by_name(model);
   const BatchPool data(spec, batch);
   std::vector<std::vector<double>> rates(device_graphs.size());
-  for (int run = 0; run < o.runs; ++run)
+  // --profile: a run of its own first, left out of the rates (a profiled plan reads the clock at
+  // every op, and on a GPU runs eagerly and waits for every op).
+  for (int run = o.profile ? -1 : 0; run < o.runs; ++run)
     for (size_t variant = 0; variant < device_graphs.size(); ++variant) {
       TrainOptions options;
       options.batch = batch;
       options.threads = threads;
       options.eval_batch = 1;
-      options.profile = o.profile && run == 0;
+      options.profile = run < 0;
       options.policy = o.policy;
       options.retrial_seconds = 0.0;  // auto is timed on its trial's schedule (a window may last > 10 s)
       options.device = o.device;
@@ -149,6 +151,12 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
         end = std::chrono::steady_clock::now();
       } while (timed < o.steps || std::chrono::duration<double>(end - start).count() < o.window);
       double seconds = std::chrono::duration<double>(end - start).count();
+      if (options.profile) {
+        std::printf("profile %s batch %lld threads %d (warm-up and timed steps of a run of its own):\n%s",
+                    model.c_str(), static_cast<long long>(batch), threads,
+                    trainer.train_plan().profile_report(8).c_str());
+        continue;
+      }
       rates[variant].push_back(timed * batch / seconds);
       if (o.windows) {  // the steady clock is the system's monotonic one: other processes can compare
         auto on_clock = [](std::chrono::steady_clock::time_point t) {
@@ -157,9 +165,6 @@ std::vector<double> quiver_samples_per_second(const std::string& model, int64_t 
         std::printf("# timed window: %s batch %lld threads %d run %d: %.6f-%.6f s on the steady clock\n",
                     model.c_str(), static_cast<long long>(batch), threads, run + 1, on_clock(start), on_clock(end));
       }
-      if (options.profile)
-        std::printf("profile %s batch %lld threads %d (warm-up and timed steps):\n%s", model.c_str(),
-                    static_cast<long long>(batch), threads, trainer.train_plan().profile_report(8).c_str());
     }
   std::vector<double> medians;
   for (const std::vector<double>& r : rates) medians.push_back(median(r));
@@ -234,12 +239,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
+  if (peer && o.window > 0.0) {  // the peer times --steps steps: the two would time different windows
+    std::fprintf(stderr, "quiver-bench-throughput: --window: the libtorch peer times --steps steps only; add --no-peer\n");
+    return 2;
+  }
   const std::string setting =
       o.device.is_cpu() ? cat("policy ", o.policy) : cat("one CUDA stream on ", o.device.str());
   const std::string window = o.window > 0.0 ? cat(" and at least ", static_cast<int>(1000 * o.window + 0.5), " ms") : "";
   std::printf("# training throughput, samples/s (median of %d runs of %d steps%s, %d warm-up steps), %s, %d cores%s\n",
               o.runs, o.steps, window.c_str(), o.warmup, setting.c_str(), available_cores(),
-              peer ? ", libtorch peer in the same run" : ", no libtorch peer");
+              peer ? ", the libtorch peer after Quiver's runs at each grid point" : ", no libtorch peer");
   auto ratio = [](double a, double b) { return bench::fixed(a / b); };
   // On a GPU: the step replayed as a CUDA graph vs launched kernel by kernel, side by side.
   const bool on_gpu = !o.device.is_cpu();

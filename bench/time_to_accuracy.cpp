@@ -41,10 +41,13 @@ struct Outcome {
 };
 
 // Runs fit() through `on_evaluation`, stopping at the first evaluation at or above the target.
+// That one is the outcome: under a sync period a group that stops mid-epoch folds its local steps
+// and evaluates again at the same batch, which may read below the target.
 template <typename Engine>
 Outcome run(Engine& engine, const std::function<TrainReport()>& fit, double target, int64_t per_epoch) {
   Outcome outcome;
   engine.on_evaluation([&](const Evaluation& e) {
+    if (outcome.reached) return false;
     outcome.seconds = e.seconds;
     outcome.accuracy = e.test_accuracy;
     outcome.epochs = static_cast<double>(e.batches) / static_cast<double>(per_epoch);

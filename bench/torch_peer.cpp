@@ -264,11 +264,15 @@ struct Batch {
   torch::Tensor labels;  // (B) int64, uniform 0..9
 };
 
+// kPoolBatches batches, fewer where they would take more than 64 MiB (two at least), as
+// quiver-bench-throughput's pool does.
 std::vector<Batch> make_pool(int batch) {
   torch::manual_seed(kDataSeed);
+  const int64_t fit = (int64_t{64} << 20) / (int64_t{batch} * kImageSide * kImageSide * int64_t{sizeof(float)});
+  const int count = static_cast<int>(std::clamp<int64_t>(fit, 2, kPoolBatches));
   std::vector<Batch> pool;
-  pool.reserve(kPoolBatches);
-  for (int i = 0; i < kPoolBatches; ++i) {
+  pool.reserve(count);
+  for (int i = 0; i < count; ++i) {
     pool.push_back({torch::rand({batch, 1, kImageSide, kImageSide}),
                     torch::randint(0, kClasses, {batch}, torch::kLong)});
   }

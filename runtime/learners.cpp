@@ -550,13 +550,6 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  // Training time, evaluations of z taken out: samples/s and the tuner's windows do not count them.
-  // Before an evaluation the learners settle and, on a GPU, the last round's SMA finishes on the
-  // clock (the evaluation would otherwise wait for it off the clock).
-  FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_, [this] {
-    settle();
-    drain();
-  });
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
   check_samples_fit(model_, train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");
@@ -578,6 +571,14 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   batcher_options.prefetch_depth = prefetch_depth();
   Batcher batcher(train, batcher_options);
   const int64_t per_epoch = batcher.batches_per_epoch();  // batches; a round takes one per learner
+  // Training time from here (the Batcher started first, as Trainer::fit's), evaluations of z taken
+  // out: samples/s and the tuner's windows do not count them.
+  // Before an evaluation the learners settle and, on a GPU, the last round's SMA finishes on the
+  // clock (the evaluation would otherwise wait for it off the clock).
+  FitClock clock(test ? train_.eval_every : 0, [&] { return evaluate(*test); }, evaluated_, [this] {
+    settle();
+    drain();
+  });
 
   // The tuner decides what to measure next; fit() measures windows of rounds and resizes.
   const int cores = options_.tune_cores > 0 ? options_.tune_cores : available_cores();

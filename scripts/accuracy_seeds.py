@@ -11,7 +11,8 @@ order, so this script shows the whole distribution: for every model and seed it 
            he_uniform)
 
 and prints, per model and engine, the seeds' accuracies, their median, mean and the median of
-the first three seeds. --output writes every run as CSV (atomically).
+the first three seeds. --output writes every run as CSV (atomically); when a run fails, the runs
+before it go to OUTPUT.partial and OUTPUT is left as it was.
 
   python3 scripts/accuracy_seeds.py --build build/release --seeds 1-20 --output seeds.csv
 """
@@ -64,7 +65,7 @@ def main():
     parser.add_argument("--init", choices=("he_uniform", "torch_default"), default="he_uniform",
                         help="the libtorch peer's layer init (he_uniform, Quiver's default)")
     parser.add_argument("--no-peer", action="store_true", help="skip libtorch even when it was built")
-    parser.add_argument("--output", help="write every run as CSV")
+    parser.add_argument("--output", help="write every run as CSV (after a failed run, the runs before it to OUTPUT.partial)")
     args = parser.parse_args()
 
     train = os.path.join(args.build, "quiver-train")
@@ -100,10 +101,11 @@ def main():
                       f"({len(accuracies)} seeds)", flush=True)
     except (RuntimeError, OSError) as error:
         print(f"accuracy_seeds.py: {error}", file=sys.stderr)
-        if args.output and len(rows) > 1:  # the runs that finished are kept, not only printed
+        if args.output and len(rows) > 1:  # the runs that finished are kept, beside --output, not over it
+            partial = args.output + ".partial"
             try:
-                write_atomically(args.output, "\n".join(rows) + "\n")
-                print(f"accuracy_seeds.py: the {len(rows) - 1} runs before it are in {args.output}", file=sys.stderr)
+                write_atomically(partial, "\n".join(rows) + "\n")
+                print(f"accuracy_seeds.py: the {len(rows) - 1} runs before it are in {partial}", file=sys.stderr)
             except OSError as write_error:
                 print(f"accuracy_seeds.py: --output: {write_error}", file=sys.stderr)
         return 1
