@@ -773,9 +773,11 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     epoch_report.train_accuracy = -1.0;
     epoch_report.samples_per_second = epoch_samples / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
+    // Counted before the epoch's evaluation, whose callback may save(): its checkpoint holds the
+    // epoch finished (a cut epoch goes on from where it stopped).
+    if (epoch_complete) ++epochs_done_, epoch_samples_done_ = 0;
     if (test) epoch_report.test_accuracy = clock.epoch_end(number, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
-    if (epoch_complete) ++epochs_done_, epoch_samples_done_ = 0;  // a cut epoch goes on from where it stopped
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = rounds;

@@ -315,9 +315,11 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
                                 : -1.0;
     epoch_report.samples_per_second = epoch_report.steps * options_.batch / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
+    // Counted before the epoch's evaluation, whose callback sees the epoch finished (a cut one
+    // starts again at the next fit()).
+    if (epoch_report.steps == per_epoch) ++epochs_done_;
     if (test) epoch_report.test_accuracy = clock.epoch_end(number, global, keep_going);
     report.epochs.push_back(epoch_report);
-    if (epoch_report.steps == per_epoch) ++epochs_done_;  // a cut one starts again at the next fit()
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;
   }
   report.steps = global;

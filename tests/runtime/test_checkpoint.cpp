@@ -117,6 +117,44 @@ TEST(Checkpoint, ResumeContinuesTheDataOrder) {
   std::filesystem::remove(first_epoch_path);
 }
 
+// A checkpoint saved by the evaluation at an epoch's end (keeping the best model, say) holds that
+// epoch finished: resumed, training goes on with the next epoch. (The epoch was counted after its
+// evaluation: the file held it unfinished, and a resumed run trained its last batch again and
+// reported the epoch twice.)
+TEST(Checkpoint, ASaveByTheEpochsEvaluationHoldsTheEpochFinished) {
+  const Dataset train = small_dataset(48, 9), test = small_dataset(16, 3);
+  const std::string path = checkpoint_path("at_evaluation");
+  const LearnerOptions one{1, 1, SmaOptions{}};
+  LearnerGroup saver(models::mlp(), recipe(), one);
+  int64_t seen_done = -1;
+  saver.on_evaluation([&](const Evaluation&) {
+    seen_done = saver.epochs_done();
+    saver.save(path);
+    return true;
+  });
+  saver.fit(train, &test, 1);
+  EXPECT_EQ(seen_done, 1);
+  LearnerGroup resumed(models::mlp(), recipe(), one);
+  resumed.load(path);
+  EXPECT_EQ(resumed.epochs_done(), 1);
+  EXPECT_EQ(resumed.epoch_samples_done(), 0);
+  const TrainReport next = resumed.fit(train, nullptr, 1);
+  ASSERT_EQ(next.epochs.size(), 1u);
+  EXPECT_EQ(next.epochs[0].epoch, 2);
+  EXPECT_EQ(next.epochs[0].steps, 6);
+  // A single model's callback sees its epoch counted too.
+  TrainOptions options = recipe();
+  options.batch = 8;
+  Trainer single(models::mlp(), options);
+  single.on_evaluation([&](const Evaluation&) {
+    seen_done = single.epochs_done();
+    return true;
+  });
+  single.fit(train, &test);
+  EXPECT_EQ(seen_done, 1);
+  std::filesystem::remove(path);
+}
+
 // An epoch cut short (max_rounds) goes on where it stopped: with stateless SGD (momentum 0) and
 // one learner (plain training, z is its model), training cut at round 7, saved and resumed is the
 // uninterrupted training bit for bit. Epochs are numbered from the start of training, and the cut
