@@ -54,6 +54,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMeasurementsKept = 32;
 constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
+constexpr int kSerialSchedule = 3;  // the one of width 1
 constexpr size_t kTrialBlocks = 3;  // a trial: at most 3 blocks, until two agree
 
 // Rows of cells as text columns, each as wide as its widest cell and at least `widths` (a long
@@ -342,7 +343,10 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
                  tuning.grants.size() == keys_.size() && !tuning.verdicts.empty();
     for (const std::vector<double>& seconds : tuning.trial_seconds) sound = sound && !seconds.empty();
     for (int verdict : tuning.verdicts) sound = sound && in(verdict, 0, static_cast<int>(kCandidates) - 1);
-    for (int grant : tuning.grants) sound = sound && in(grant, 1, capacity_);
+    // Within the chosen schedule's width (serial's is 1): a wider grant could never start, and
+    // every step would end as "a dependency cycle".
+    const int widest = tuning.schedule == kSerialSchedule ? 1 : capacity_;
+    for (int grant : tuning.grants) sound = sound && in(grant, 1, widest);
     if (!sound) return false;
   }
   model_ = tuning.model;
@@ -492,7 +496,13 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
   std::exception_ptr error;
   try {  // everything that can throw on this lane's thread, the budget's creation included
     std::unique_ptr<ThreadBudget>& budget = lane.budgets[threads];  // this lane's own: no lock needed
-    if (!budget) budget = std::make_unique<ThreadBudget>(threads);
+    if (!budget) {
+      try {
+        budget = std::make_unique<ThreadBudget>(threads);
+      } catch (...) {  // a thread that cannot start (the own pool's builds): named as a kernel's error is
+        rethrow_naming(plan_.graph().node(plan_.steps()[static_cast<size_t>(position)].node));
+      }
+    }
     if (options_.record_threads) budget->record_threads(true);
     const Clock::time_point start = Clock::now();
     plan_.run_step(position, *budget, run_index);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -70,21 +71,31 @@ double handoff_ns(int a, int b, int round_trips, int batches) {
       turn.value.store(2 * i + 2, std::memory_order_release);
     }
   });
-  std::thread timer([&] {
-    if (!pin_and_meet(a)) return;
-    using Clock = std::chrono::steady_clock;
-    int64_t i = 0;
-    for (int batch = 0; batch < batches; ++batch) {
-      const Clock::time_point start = Clock::now();
-      for (int r = 0; r < round_trips; ++r, ++i) {
-        turn.value.store(2 * i + 1, std::memory_order_release);
-        while (turn.value.load(std::memory_order_acquire) != 2 * i + 2) {
+  // A timer thread that cannot start would leave the responder waiting to meet it, and a joinable
+  // std::thread destroyed by the unwinding ends the process: it is released and joined first.
+  std::thread timer;
+  try {
+    timer = std::thread([&] {
+      if (!pin_and_meet(a)) return;
+      using Clock = std::chrono::steady_clock;
+      int64_t i = 0;
+      for (int batch = 0; batch < batches; ++batch) {
+        const Clock::time_point start = Clock::now();
+        for (int r = 0; r < round_trips; ++r, ++i) {
+          turn.value.store(2 * i + 1, std::memory_order_release);
+          while (turn.value.load(std::memory_order_acquire) != 2 * i + 2) {
+          }
         }
+        const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+        batch_ns.push_back(ns / (2.0 * round_trips));
       }
-      const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
-      batch_ns.push_back(ns / (2.0 * round_trips));
-    }
-  });
+    });
+  } catch (const std::system_error& error) {
+    failed.store(true);
+    ready.fetch_add(1);
+    responder.join();
+    throw Error(cat("handoff_ns: cannot start a thread: ", error.what()));
+  }
   timer.join();
   responder.join();
   if (failed.load()) throw Error(cat("handoff_ns: could not pin a thread to cpu ", a, " or cpu ", b));

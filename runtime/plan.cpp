@@ -42,21 +42,6 @@ std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& f
   return order;
 }
 
-// Rethrows the exception being handled as a quiver::Error that names `node` (one that names it
-// already passes as it is): for errors while its kernel is prepared and while it runs.
-[[noreturn]] void rethrow_naming(const Node& node) {
-  try {
-    throw;
-  } catch (const Error& error) {
-    if (std::string(error.what()).find("'" + node.name + "'") != std::string::npos) throw;
-    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
-  } catch (const std::exception& error) {
-    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
-  } catch (...) {  // not a std::exception: nothing to say but where
-    throw Error(cat(node.op, " '", node.name, "': the kernel threw an exception of an unknown type"));
-  }
-}
-
 // A graph built through Graph's own API (add_value, add_node, a mutable value()) was never checked
 // by the builder: a node must read only values that exist when it runs, and its outputs must be
 // what its op infers from its inputs, or its kernel would read nothing or write past a buffer.
@@ -95,6 +80,19 @@ void check_node(const Graph& graph, const Node& node) {
 }
 
 }  // namespace
+
+[[noreturn]] void rethrow_naming(const Node& node) {
+  try {
+    throw;
+  } catch (const Error& error) {
+    if (std::string(error.what()).find("'" + node.name + "'") != std::string::npos) throw;
+    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+  } catch (const std::exception& error) {
+    throw Error(cat(node.op, " '", node.name, "': ", error.what()));
+  } catch (...) {  // not a std::exception: nothing to say but where
+    throw Error(cat(node.op, " '", node.name, "': the kernel threw an exception of an unknown type"));
+  }
+}
 
 Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,
            PlanOptions options)

@@ -48,6 +48,11 @@ struct PlanStep {
   std::vector<int> after;
 };
 
+// Rethrows the exception being handled as a quiver::Error that names `node` (one that names it
+// already passes as it is): for errors while its kernel is prepared and runs, and while an
+// executor readies its threads.
+[[noreturn]] void rethrow_naming(const Node& node);
+
 class Plan {
  public:
   Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetches,

@@ -27,6 +27,7 @@
 #include "models/models.h"
 #include "ops/kernel_util.h"
 #include "runtime/executor.h"
+#include "tests/runtime/address_space.h"
 #include "runtime/thread_budget.h"
 #include "runtime/trace.h"
 #include "runtime/trainer.h"
@@ -522,17 +523,7 @@ TEST(Executor, ThousandConsecutiveSteps) {
     ASSERT_NEAR(w.f32()[i], r.f32()[i], 1e-3 * std::abs(r.f32()[i]) + 1e-4) << "parameter " << i;
 }
 
-// Address space for `more` bytes beyond what the process maps now (VmSize), no more.
-void limit_address_space_to_now_plus(int64_t more) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  int64_t kib = 0;
-  while (std::getline(status, line))
-    if (line.rfind("VmSize:", 0) == 0) kib = std::stoll(line.substr(7));
-  const rlim_t bytes = static_cast<rlim_t>(kib * 1024 + more);
-  rlimit limit{bytes, bytes};
-  setrlimit(RLIMIT_AS, &limit);
-}
+using testing::limit_address_space_to_now_plus;
 
 // Lanes that cannot all start (here: no address space left for their stacks) are a quiver::Error
 // naming the lane, and the lanes already started are stopped and joined: once the half-made

@@ -58,6 +58,18 @@ TEST(PerfModel, TwoCountsFitAmdahlExactlyAndOneCountIsConstant) {
   ThreadFit one = fit_thread_curve({{1, 4e-3}});
   EXPECT_DOUBLE_EQ(one.predict(1), 4e-3);
   EXPECT_DOUBLE_EQ(one.predict(7), 4e-3);
+  // Points that repeat one count make a singular system for any form with b or c: the fit is
+  // finite, near what was measured (PerfModel passes one median a count; fit_thread_curve is public).
+  for (const std::vector<std::pair<int, double>>& repeated :
+       {std::vector<std::pair<int, double>>{{4, 3e-3}, {4, 5e-3}, {4, 4e-3}},
+        std::vector<std::pair<int, double>>{{2, 6e-3}, {2, 6e-3}, {5, 3e-3}}}) {
+    const ThreadFit fit = fit_thread_curve(repeated);
+    for (int p = 1; p <= 8; ++p) {
+      EXPECT_TRUE(std::isfinite(fit.predict(p))) << "p = " << p;
+      EXPECT_GT(fit.predict(p), 0.0) << "p = " << p;
+    }
+    EXPECT_NEAR(fit.predict(repeated.front().first), repeated.front().first == 4 ? 4e-3 : 6e-3, 1.5e-3);
+  }
 }
 
 // Points whose full fit dips to zero between the counts measured (a = -23e-5 here): it would
@@ -714,12 +726,13 @@ TEST(PerfModel, AnExecutorOfTheSamePlanAdoptsASettledOnesTuning) {
   EXPECT_EQ(model.chosen_schedule(), "model");
   EXPECT_EQ(model.grants(), std::vector<int>(settled->grants.size(), 2));
   // A choice this executor could not make is refused, changing nothing.
-  std::vector<ExecutorTuning> unsound(5, *settled);
+  std::vector<ExecutorTuning> unsound(6, *settled);
   unsound[0].schedule = 4;
   unsound[1].verdicts.push_back(7);
   unsound[2].trial_seconds[2].clear();
   unsound[3].grants.pop_back();
   unsound[4].grants[0] = 3;
+  unsound[5] = choice(3, 2);  // serial at 2 threads: wider than its schedule, it could never start
   for (size_t u = 0; u < unsound.size(); ++u) {
     Executor fresh(trainer->train_plan(), options);
     const int left = fresh.tuning_runs_left();

@@ -3,11 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "runtime/placement.h"
 #include "runtime/thread_budget.h"
+#include "tests/runtime/address_space.h"
 
 namespace quiver {
 namespace {
@@ -36,6 +41,33 @@ TEST(Placement, HandoffBetweenTwoCpusIsMeasured) {
   EXPECT_GT(ns, 0.0);
   // Either way round: the same pair of caches.
   EXPECT_GT(handoff_ns(cpus[1], cpus[0], 500, 3), 0.0);
+}
+
+// A probe whose second thread cannot start (no address space left for its stack) is an Error:
+// the first thread, waiting to meet it, is released and joined. (Its std::thread was destroyed
+// joinable by the unwinding, which ends the process.) In a child process with its address space
+// capped, not under sanitizers, whose shadow memory the cap breaks.
+TEST(Placement, AProbeThatCannotStartItsThreadsIsAnError) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "caps the address space, which a sanitizer's shadow memory needs";
+#else
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU: no hand-off to probe";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        alarm(30);
+        testing::limit_address_space_to_now_plus(int64_t{12} << 20);  // one 8 MiB stack, not two
+        try {
+          handoff_ns(cpus[0], cpus[1], 10, 1);
+        } catch (const Error& error) {
+          std::fprintf(stderr, "%s\n", error.what());
+          std::_Exit(3);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(3), "handoff_ns: cannot start a thread");
+#endif
 }
 
 TEST(Placement, BadCpusAndCountsAreRefusedByName) {
