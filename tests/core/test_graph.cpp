@@ -27,6 +27,14 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
+// A (2, 2) activation's description, for values added through Graph's own API.
+ValueInfo activation_named(const std::string& name) {
+  ValueInfo info;
+  info.name = name;
+  info.shape = Shape{2, 2};
+  return info;
+}
+
 TEST(Builder, MatmulShapeMismatchNamesOpNodeAndBothShapes) {
   GraphBuilder b;
   Value x = b.input("x", Shape{64, 512});
@@ -345,9 +353,7 @@ TEST(Graph, ANodesOutputsAreNewActivations) {
             std::string::npos);
   EXPECT_NE(error_of([&] { g.add_node(node_writing(12345, x.id)); }).find("output value 12345 does not exist"),
             std::string::npos);
-  ValueInfo fresh;
-  fresh.name = "fresh";
-  fresh.shape = Shape{2, 2};
+  ValueInfo fresh = activation_named("fresh");
   const ValueId later = g.add_value(fresh);
   Value read_early = b.relu(g.handle(later), "reads_fresh");  // reads a value nothing has produced yet
   (void)read_early;
@@ -371,9 +377,7 @@ TEST(Graph, ProducersAndParameterSlotsAreTheGraphsToSet) {
   GraphBuilder b;
   Graph& g = b.graph();
   b.relu(b.input("x", Shape{2, 2}), "first");
-  ValueInfo claimed;
-  claimed.name = "claimed";
-  claimed.shape = Shape{2, 2};
+  ValueInfo claimed = activation_named("claimed");
   claimed.producer = 0;
   EXPECT_EQ(g.value(g.add_value(claimed)).producer, -1);
   EXPECT_NE(error_of([&] { g.add_param(ParamInfo{"ghost", -1, -1, ParamInit::zeros()}); }).find("no value -1"),
@@ -582,9 +586,7 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
   {
     GraphBuilder b;
     Graph& g = b.graph();
-    ValueInfo orphan;
-    orphan.name = "orphan";
-    orphan.shape = Shape{2, 2};
+    ValueInfo orphan = activation_named("orphan");
     Value y = b.relu(g.handle(g.add_value(orphan)), "reads_orphan");
     ParamStore store(g);
     const std::string message = error_of([&] { Plan plan(g, store, {y}); });
@@ -614,9 +616,7 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
     GraphBuilder b;
     Graph& g = b.graph();
     b.relu(b.input("x", Shape{2, 2}), "first");
-    ValueInfo fake;
-    fake.name = "fake";
-    fake.shape = Shape{2, 2};
+    ValueInfo fake = activation_named("fake");
     const ValueId id = g.add_value(fake);
     Value y = b.relu(g.handle(id), "reads_fake");
     g.value(id).producer = 0;

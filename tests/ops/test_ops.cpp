@@ -264,6 +264,22 @@ TEST(OneDnn, CallsLeaveTheCallersOpenMpWidthAsItWas) {
   omp_set_num_threads(before);
 }
 
+// A 3x3 convolution (padding 1, stride 1) of the input "x" (xs) by the input "w" (ws), and its two
+// gradients of the input "dy": the three oneDNN passes.
+struct ConvPasses {
+  ConvPasses(const Shape& xs, const Shape& ws) {
+    Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", Shape{xs[0], ws[0], xs[2], xs[3]});
+    y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
+    Attrs input_attrs, weight_attrs;
+    input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
+    weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
+    dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
+    dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
+  }
+  GraphBuilder b;
+  Value y, dx, dw;
+};
+
 // The oneDNN convolutions cut the batch into one slice per granted thread, and the reordered
 // copies of the batch-cut arguments of every slice count share one buffer per argument. Slice
 // counts taken in turn must each give the im2col kernels' results: 16 and 32 channels (blocked
@@ -281,18 +297,10 @@ TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
                                    Geometry{Shape{7, 3, 5, 5}, Shape{5, 3, 3, 3}},
                                    Geometry{Shape{7, 20, 6, 6}, Shape{20, 20, 3, 3}},
                                    Geometry{Shape{7, 20, 5, 5}, Shape{20, 20, 3, 3}}}) {
-    const Shape& xs = geometry.x;
-    const Shape& ws = geometry.w;
-    const Shape ys{xs[0], ws[0], xs[2], xs[3]};  // 3x3, padding 1, stride 1
-    SCOPED_TRACE(cat("x ", xs.str(), ", w ", ws.str()));
-    GraphBuilder b;
-    Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", ys);
-    Value y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
-    Attrs input_attrs, weight_attrs;
-    input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
-    weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
-    Value dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
-    Value dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
+    SCOPED_TRACE(cat("x ", geometry.x.str(), ", w ", geometry.w.str()));
+    const ConvPasses passes(geometry.x, geometry.w);
+    const GraphBuilder& b = passes.b;
+    const Value y = passes.y, dx = passes.dx, dw = passes.dw;
     ParamStore store(b.graph());
     PlanOptions reference_options;
     reference_options.prefer_kernel = "im2col_gemm";
@@ -337,19 +345,11 @@ TEST(OneDnnConv, SliceCountsInTurnShareTheirCopiesAndAgree) {
 // heap (primitives, their JIT code: 1.4 MB here). Before, each count kept its slices' own copies of
 // the weights, dw's shares and scratchpads: 44 MB more here, where the plan counted 1.8 MB.
 TEST(OneDnnConv, RunningEverySliceCountStaysWithinWhatThePlanCounted) {
-  const Shape xs{8, 64, 6, 6}, ws{128, 64, 3, 3}, ys{8, 128, 6, 6};
-  GraphBuilder b;
-  Value x = b.input("x", xs), w = b.input("w", ws), dy = b.input("dy", ys);
-  Value y = b.conv2d(x, w, Conv2dAttrs{1, 1}, "conv");
-  Attrs input_attrs, weight_attrs;
-  input_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", xs.dims());
-  weight_attrs.set("stride", int64_t{1}).set("padding", int64_t{1}).set("shape", ws.dims());
-  Value dx = b.apply1("conv2d_grad_input", {dy, w}, input_attrs, "dx");
-  Value dw = b.apply1("conv2d_grad_weight", {dy, x}, weight_attrs, "dw");
-  ParamStore store(b.graph());
+  const ConvPasses passes(Shape{8, 64, 6, 6}, Shape{128, 64, 3, 3});
+  ParamStore store(passes.b.graph());
   PlanOptions options;
   options.threads = 8;
-  Plan plan(b.graph(), store, {y, dx, dw}, options);
+  Plan plan(passes.b.graph(), store, {passes.y, passes.dx, passes.dw}, options);
   for (const char* name : {"x", "w", "dy"}) plan.input(name).fill(0.5f);
   const auto heap = [] {
     const struct mallinfo2 info = mallinfo2();
