@@ -138,29 +138,29 @@ struct Slice {
   std::array<Staged*, 2> sliced{};
   Staged* whole = nullptr;
   std::array<size_t, 3> offset{};  // in each shared buffer
+  char* scratchpad_bound = nullptr;
 
-  // Bytes the slice takes in each shared buffer; the own region holds whole's copy, dw's share
-  // and the scratchpad, in that order.
+  // The own region holds whole's copy, dw's share and the scratchpad, in that order.
+  size_t whole_bytes() const { return SharedBuffer::rounded(whole->internal_bytes()); }
+  size_t partial_bytes() const { return SharedBuffer::rounded(static_cast<size_t>(partial_weights) * sizeof(float)); }
+  // Bytes the slice takes in each shared buffer.
   std::array<size_t, 3> bytes() const {
     return {SharedBuffer::rounded(sliced[0]->internal_bytes()), SharedBuffer::rounded(sliced[1]->internal_bytes()),
-            SharedBuffer::rounded(whole->internal_bytes()) + partial_bytes() +
-                SharedBuffer::rounded(scratchpad.get_desc().get_size())};
+            whole_bytes() + partial_bytes() + SharedBuffer::rounded(scratchpad.get_desc().get_size())};
   }
-  size_t partial_bytes() const { return SharedBuffer::rounded(static_cast<size_t>(partial_weights) * sizeof(float)); }
   float* partial(const std::array<SharedBuffer, 3>& shared) const {
-    return reinterpret_cast<float*>(shared[2].data() + offset[2] + SharedBuffer::rounded(whole->internal_bytes()));
+    return reinterpret_cast<float*>(shared[2].data() + offset[2] + whole_bytes());
   }
   // Points the copies and the scratchpad at the slice's regions (rebinding only what moved).
   void bind(const std::array<SharedBuffer, 3>& shared) {
     for (size_t k = 0; k < sliced.size(); ++k) sliced[k]->bind_internal(shared[k].data() + offset[k]);
     whole->bind_internal(shared[2].data() + offset[2]);
-    char* pad = reinterpret_cast<char*>(partial(shared)) + partial_bytes();
+    char* pad = shared[2].data() + offset[2] + whole_bytes() + partial_bytes();
     if (scratchpad.get_desc().get_size() > 0 && pad != scratchpad_bound) {
       scratchpad.set_data_handle(pad);
       scratchpad_bound = pad;
     }
   }
-  char* scratchpad_bound = nullptr;
 };
 
 memory::desc plain(const memory::dims& dims, Tag tag) { return memory::desc(dims, memory::data_type::f32, tag); }
