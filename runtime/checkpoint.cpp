@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,10 @@ namespace quiver {
 namespace {
 
 constexpr const char* kMagic = "QUIVER-CHECKPOINT 1\n";
+// What every version's magic starts with: a file of another version is named as such.
+constexpr const char* kFamily = "QUIVER-CHECKPOINT ";
+// The header length, the floats and the checksum are stored little-endian, as the host holds them.
+static_assert(std::endian::native == std::endian::little, "checkpoints are written in the host's byte order");
 // The JSON header (model, counts, the parameters' names and shapes): a few KB for the bundled
 // models; a file whose header would be larger is not read.
 constexpr std::uintmax_t kLargestHeader = std::uintmax_t{64} << 20;
@@ -104,8 +109,15 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   const size_t magic = std::strlen(kMagic);
   std::string head(magic, '\0');
   in.read(head.data(), static_cast<std::streamsize>(magic));
-  if (static_cast<size_t>(in.gcount()) != magic || head != kMagic)
+  if (static_cast<size_t>(in.gcount()) != magic || head != kMagic) {
+    const size_t family = std::strlen(kFamily);
+    if (static_cast<size_t>(in.gcount()) > family && head.compare(0, family, kFamily) == 0) {
+      const std::string version = head.substr(family, head.find('\n', family) - family);
+      throw Error(cat("checkpoint '", path, "': a Quiver checkpoint of format version ", json_for_message(version),
+                      "; this build reads version 1"));
+    }
     throw Error(cat("checkpoint '", path, "': not a Quiver checkpoint (bad magic)"));
+  }
   const std::uintmax_t largest = magic + sizeof(uint64_t) + kLargestHeader + static_cast<std::uintmax_t>(flat.bytes()) +
                                  sizeof(uint32_t);
   if (const std::uintmax_t size = std::filesystem::file_size(path, error); !error && size > largest)
@@ -159,6 +171,11 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   if (info.epochs_done > info.rounds)
     throw Error(cat("checkpoint '", path, "': implausible header: ", info.rounds, " rounds and ", info.epochs_done,
                     " epochs done (0 <= epochs <= rounds <= 2^48)"));
+  // A cut epoch's samples: some rounds trained them, and fewer than its training set holds.
+  if (info.epoch_samples > 0 && (info.rounds == 0 || (info.data_samples > 0 && info.epoch_samples >= info.data_samples)))
+    throw Error(cat("checkpoint '", path, "': implausible header: ", info.epoch_samples, " samples of a cut epoch after ",
+                    info.rounds, " rounds, over a training set of ", info.data_samples,
+                    " (0 < samples < the training set's, after a round)"));
   if (holds != model) throw Error(cat("checkpoint '", path, "': holds model '", holds, "', not '", model, "'"));
   if (flat_size != layout.flat_size() || !same_layout)
     throw Error(cat("checkpoint '", path, "': its parameters (names, shapes, layout) differ from model '", model, "'"));

@@ -1,5 +1,7 @@
 // LearnerGroup's checkpoints of the average model z: written atomically with a checksum
 // (runtime/checkpoint.h); a load verifies the file before it touches the running model.
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/checkpoint.h"
@@ -9,14 +11,21 @@ namespace quiver {
 
 void LearnerGroup::save(const std::string& path) const {
   const Tensor& z = average();  // every learner settled, the device SMA drained
+  // Under a sync period z holds the rounds up to the last sync only (fit() folds the local steps
+  // in at each epoch's end; a save from an eval_every evaluation, or after round(), may come
+  // between syncs). The file records that point, so a resumed run trains the rounds since then
+  // again rather than skipping samples z never learned from. (Folding here instead would make a
+  // save change the training that follows it.) No epoch ends between syncs inside fit().
+  const bool local_steps = options_.sync == Sync::Sma && !alone() && options_.sync_period > 1;
+  const int64_t unsynced = local_steps ? rounds_done_ - last_sync_round_ : 0;
   CheckpointInfo info;
   info.model = model_.name;
-  info.rounds = rounds_done_;
+  info.rounds = rounds_done_ - unsynced;
   info.epochs_done = epochs_done_;
-  info.epoch_samples = epoch_samples_done_;
+  info.epoch_samples = std::max<int64_t>(0, epoch_samples_done_ - unsynced * learners() * batch_);
   info.seed = train_.seed;
   info.seed_known = true;
-  info.data_samples = epoch_samples_done_ > 0 ? epoch_data_samples_ : 0;
+  info.data_samples = info.epoch_samples > 0 ? epoch_data_samples_ : 0;
   save_checkpoint(path, average_->params(), z, info);
 }
 

@@ -214,7 +214,9 @@ class LearnerGroup {
   // The rate every learner trains at now.
   double learning_rate() const { return learners_.front()->trainer->learning_rate(); }
   // Checkpoints of z: written atomically with a checksum; loading verifies it and the model,
-  // sets z, and restarts every replica from it (their momentum cleared), so training resumes.
+  // sets z, and restarts every replica from it (their momentum cleared, z's own too), so training
+  // resumes from z: a warm restart, not the replicas' exact state. Between the syncs of a sync
+  // period the file holds z and the progress (rounds, samples of the epoch) as of the last sync.
   void save(const std::string& path) const;
   void load(const std::string& path);
   int64_t rounds_done() const { return rounds_done_; }

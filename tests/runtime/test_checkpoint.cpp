@@ -155,6 +155,55 @@ TEST(Checkpoint, ASaveByTheEpochsEvaluationHoldsTheEpochFinished) {
   std::filesystem::remove(path);
 }
 
+// Between the syncs of a sync period z lacks the local rounds since the last sync: a checkpoint
+// saved then (by an eval_every evaluation here) records the progress as of that sync, so the
+// resumed run trains those rounds again. (It recorded every round handed out: the resumed run
+// skipped the samples of the rounds z had not learned from.)
+TEST(Checkpoint, ASaveBetweenSyncsHoldsTheProgressOfTheLastSync) {
+  const Dataset train = small_dataset(160, 6);  // 20 batches of 8 an epoch: 10 rounds of 2
+  const std::string path = checkpoint_path("between_syncs");
+  TrainOptions every_six = recipe();
+  every_six.eval_every = 6;  // batches: rounds 3, 6 and 9
+  LearnerOptions period{2, 1, SmaOptions{}};
+  period.sync_period = 4;  // syncs at rounds 4 and 8
+  LearnerGroup saver(models::mlp(), every_six, period);
+  std::vector<float> saved;
+  int evaluations = 0;
+  saver.on_evaluation([&](const Evaluation&) {
+    if (++evaluations == 2) {  // round 6
+      EXPECT_EQ(saver.rounds_done(), 6);
+      saver.save(path);
+      const Tensor& z = saver.average();
+      saved.assign(z.f32(), z.f32() + z.numel());
+    }
+    return true;
+  });
+  saver.fit(train, &train, 1);
+  ASSERT_GE(evaluations, 2);
+  LearnerGroup resumed(models::mlp(), recipe(), period);
+  resumed.load(path);
+  EXPECT_EQ(resumed.rounds_done(), 4);
+  EXPECT_EQ(resumed.epoch_samples_done(), 4 * 2 * 8);
+  const Tensor& z = resumed.average();
+  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(z.f32()[i], saved[i]) << "parameter " << i;
+  const TrainReport rest = resumed.fit(train, nullptr, 1);
+  ASSERT_EQ(rest.epochs.size(), 1u);
+  EXPECT_EQ(rest.epochs[0].steps, 6);  // rounds 5 to 10 of the epoch
+  // round() alone: the same rule, and at a sync the file holds every round.
+  LearnerGroup direct(models::mlp(), recipe(), period);
+  Batches data(2 * 8, 23);
+  for (int round = 0; round < 6; ++round) direct.round(data.images.data(), data.labels.data());
+  direct.save(path);
+  LearnerGroup from_direct(models::mlp(), recipe(), period);
+  from_direct.load(path);
+  EXPECT_EQ(from_direct.rounds_done(), 4);
+  for (int round = 6; round < 8; ++round) direct.round(data.images.data(), data.labels.data());
+  direct.save(path);
+  from_direct.load(path);
+  EXPECT_EQ(from_direct.rounds_done(), 8);
+  std::filesystem::remove(path);
+}
+
 // An epoch cut short (max_rounds) goes on where it stopped: with stateless SGD (momentum 0) and
 // one learner (plain training, z is its model), training cut at round 7, saved and resumed is the
 // uninterrupted training bit for bit. Epochs are numbered from the start of training, and the cut
@@ -339,6 +388,19 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   expect_rejected(crafted(edited("\"epoch_samples\":0", "\"epoch_samples\":-1"), data), "\"epoch_samples\" is -1");
   expect_rejected(crafted(edited("\"seed\":1", "\"seed\":-1"), data), "\"seed\" is -1, not a seed");
   expect_rejected(crafted(edited("\"epochs_done\":0", "\"epochs_done\":3"), data), "3 epochs done");
+  // A cut epoch's samples were trained by some round, and are fewer than its training set holds
+  // (2^48 of them were taken as the last batch of the epoch).
+  expect_rejected(crafted(edited("\"epoch_samples\":0", "\"epoch_samples\":8"), data),
+                  "8 samples of a cut epoch after 0 rounds");
+  {
+    std::string head = edited("\"epoch_samples\":0", "\"data_samples\":16,\"epoch_samples\":16");
+    head.replace(head.find("\"rounds\":0"), 10, "\"rounds\":5");
+    expect_rejected(crafted(head, data), "16 samples of a cut epoch after 5 rounds, over a training set of 16");
+  }
+  // Another version of the format is named as such, not as a foreign file.
+  std::string next_version = bytes;
+  next_version[magic - 2] = '2';
+  expect_rejected(next_version, "a Quiver checkpoint of format version \"2\"; this build reads version 1");
   expect_rejected(crafted(edited(cat("\"flat_size\":", group.average().numel()), "\"flat_size\":1e300"), data),
                   "\"flat_size\" is 1e+300, not a count");
   // A value nested a million deep (the parser reads it without recursion): named by its kind, not
