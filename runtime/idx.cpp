@@ -34,6 +34,9 @@ constexpr int64_t kMaxElements = int64_t{1} << 40;
 // inflate takes an unsigned length; reading in bounded chunks also means a header that
 // promises far more data than the file holds never makes us allocate the promised amount.
 constexpr int64_t kReadChunk = int64_t{1} << 22;
+// What a gzip member may hold past the data it ends with, at least (more, up to the data's own
+// size, for larger data): inflating it only checks the member's check bytes.
+constexpr int64_t kTrailingAtMost = int64_t{1} << 20;
 
 struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
@@ -88,13 +91,20 @@ class ByteSource {
   // Up to `want` bytes; fewer only where the data ends or a gzip stream is cut short.
   int64_t read(uint8_t* dst, int64_t want) { return gzip_ ? inflate_into(dst, want) : copy_into(dst, want); }
 
-  // A gzip stream is read on to its end, past the data (what follows the data is ignored, as in
-  // a plain file), so that its check bytes are checked; a cut or wrong trailer throws.
-  void finish() {
+  // After the data: the gzip member holding its last bytes is read on to its end, so that its
+  // check bytes are checked (a cut or wrong trailer throws). What follows the data is otherwise
+  // ignored, as in a plain file: later members are not read, and what the member itself holds
+  // past the data may inflate to at most `most` bytes (a small file is not inflated for minutes).
+  void finish(int64_t most) {
+    if (!gzip_ || ended_) return;
+    if (member_out_ == 0) return;  // the data ended with its member: a later one is not read
+    last_member_ = true;
     std::array<uint8_t, 4096> rest{};
-    while (gzip_ && !ended_) {
-      inflate_into(rest.data(), static_cast<int64_t>(rest.size()));
+    for (int64_t after = 0; !ended_;) {
+      after += inflate_into(rest.data(), static_cast<int64_t>(rest.size()));
       if (cut_) throw Error(cat("idx '", path_, "': truncated gzip stream after the data (its check bytes are missing)"));
+      if (after > most)
+        throw Error(cat("idx '", path_, "': more than ", most, " bytes follow the data inside its gzip member"));
     }
   }
 
@@ -136,8 +146,12 @@ class ByteSource {
       stream_.avail_out = room;
       const int status = inflate(&stream_, Z_NO_FLUSH);
       got += room - stream_.avail_out;
+      member_out_ += room - stream_.avail_out;
       if (status == Z_STREAM_END) {
-        next_member();
+        if (last_member_)
+          ended_ = true;
+        else
+          next_member();
       } else if (status == Z_DATA_ERROR || status == Z_NEED_DICT) {
         throw Error(cat("idx '", path_, "': corrupt gzip stream: ", stream_.msg ? stream_.msg : "invalid data"));
       } else if (status == Z_MEM_ERROR) {
@@ -154,6 +168,7 @@ class ByteSource {
     if (stream_.avail_in < 2) refill(stream_.next_in, stream_.avail_in);
     if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
       inflateReset(&stream_);
+      member_out_ = 0;
     } else {
       ended_ = true;
     }
@@ -164,6 +179,8 @@ class ByteSource {
   std::array<uint8_t, 1 << 17> in_{};
   size_t have_ = 0, used_ = 0;  // bytes in in_, and (plain) those already handed out
   bool gzip_ = false, inflating_ = false, ended_ = false, cut_ = false;
+  bool last_member_ = false;  // finish(): the member being read is the last one read
+  int64_t member_out_ = 0;    // bytes inflated from the member being read
   z_stream stream_{};
 };
 
@@ -268,7 +285,8 @@ IdxArray read_idx(const std::string& path, int64_t max_bytes) {
     throw Error(cat("idx '", path, "': truncated: expected ", elements, " bytes of data, got ",
                     got, " (dims ", dims_text(result.dims), ")"));
   }
-  file.finish();  // the data is all there: a gzip stream's check bytes are checked now
+  // The data is all there: a gzip stream's check bytes are checked now.
+  file.finish(std::max<int64_t>(elements, kTrailingAtMost));
   result.data.resize(static_cast<size_t>(elements));
   return result;
 }

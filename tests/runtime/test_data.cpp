@@ -312,6 +312,36 @@ TEST_F(DataIdx, GzipAcrossBuffersAndMembers) {
   EXPECT_EQ(read_idx(file).data, a.data);
 }
 
+// What follows the data in a gzip file is ignored as in a plain file, without inflating it all:
+// later members are not read (a member of a gigabyte of zeros took seconds), and the member that
+// holds the data's end may hold at most 1 MiB (or the data's size) more, whose check bytes are
+// still checked.
+TEST_F(DataIdx, GzipBytesAfterTheDataAreBoundedAndLaterMembersUnread) {
+  const IdxArray a = patterned({4, 8});
+  const std::string plain = path("small.idx");
+  write_idx(plain, a, false);
+  std::vector<uint8_t> raw = read_bytes(plain);
+  const std::string file = path("trailing.idx.gz");
+  // A later member that is not even gzip data past its magic: not read.
+  std::vector<uint8_t> two = gzip_member(raw.data(), raw.size(), 6);
+  const std::vector<uint8_t> garbage = {0x1f, 0x8b, 0x08, 0x00, 0xde, 0xad, 0xbe, 0xef};
+  two.insert(two.end(), garbage.begin(), garbage.end());
+  write_bytes(file, two);
+  EXPECT_EQ(read_idx(file).data, a.data);
+  // Inside the data's own member: up to 1 MiB is read (and checked), more is refused.
+  std::vector<uint8_t> padded = raw;
+  padded.resize(raw.size() + (size_t{1} << 20), 0);
+  std::vector<uint8_t> member = gzip_member(padded.data(), padded.size(), 6);
+  write_bytes(file, member);
+  EXPECT_EQ(read_idx(file).data, a.data);
+  member[member.size() - 8] ^= 0xff;  // its CRC-32
+  write_bytes(file, member);
+  expect_error([&] { read_idx(file); }, {file, "incorrect data check"});
+  padded.resize(raw.size() + (size_t{1} << 20) + 1, 0);
+  write_bytes(file, gzip_member(padded.data(), padded.size(), 6));
+  expect_error([&] { read_idx(file); }, {file, "more than 1048576 bytes follow the data inside its gzip member"});
+}
+
 TEST_F(DataIdx, TruncatedHeader) {
   const std::string file = path("hdr");
   write_bytes(file, {0, 0, 8, 3, 0, 0, 0, 9});
