@@ -134,7 +134,12 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
     // GPUs the tuner starts from one learner a GPU, which is the baseline then.
     double single_rate = 0.0;
     const bool one_start = history.empty() || history.front().learners == 1;
-    const std::string baseline = one_start ? "single-stream" : cat("the start (", history.front().learners, " learners)");
+    // One learner trains exactly as single-stream training does only under SMA's default alpha
+    // (LearnerGroup::alone()): an explicit --alpha keeps SMA's pass on, synchronous SGD its update.
+    const std::string one = command.sync == "ssgd" ? "one learner under synchronous SGD"
+                            : command.alpha >= 0.0 ? "one learner under SMA with --alpha"
+                                                   : "single-stream";
+    const std::string baseline = one_start ? one : cat("the start (", history.front().learners, " learners)");
     for (size_t i = 0; i < measured; ++i) {
       const TunerStep& step = history[i];
       if (step.bounded) {
@@ -150,8 +155,8 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
       std::printf("  %s: %.0f samples/s%s%s%s%s\n", configuration(step.learners, step.threads_per_learner).c_str(),
                   step.samples_per_second,
                   !single     ? ""
-                  : on_cpu    ? "  (single-stream: one learner, all cores)"
-                  : one_start ? "  (single-stream: one learner, one CUDA stream)"
+                  : on_cpu    ? cat("  (", one, ": one learner, all cores)").c_str()
+                  : one_start ? cat("  (", one, ": one learner, one CUDA stream)").c_str()
                               : "  (the start: one learner, one CUDA stream, on each GPU)",
                   step.leap && !step.again ? "  (a leap over a plateau)" : "",
                   step.again ? "  (measured again: a gain or a close call)" : "",
@@ -174,7 +179,7 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   std::printf("throughput: %.0f samples/s over %lld rounds (%.1f s)\n", report.samples_per_second,
               static_cast<long long>(report.steps), report.seconds);
   if (!command.checkpoint.empty() && saved_at_round != group.rounds_done()) save("after training");
-  return 0;
+  return report.trace_error.empty() ? 0 : 1;  // a trace not written was warned about; the rest is kept
 }
 
 }  // namespace
@@ -292,6 +297,7 @@ int run(int argc, char** argv) {
       else
         std::cout << "explain: no executor (empty policy)\n";
     }
+    if (!report.trace_error.empty()) return 1;  // warned about; the results above stand
   } catch (const std::exception& error) {  // quiver::Error; out of memory, a thread that could not start: a message, not an abort
     // A live progress line (a terminal) is ended first; a log gets the message alone.
     std::cerr << (!command.quiet && isatty(fileno(stdout)) ? "\n" : "") << "quiver-train: " << error.what() << "\n";

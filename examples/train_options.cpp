@@ -278,7 +278,7 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       const double decay = parse_number(flag, value);
       if (!(decay >= 0.0) || !std::isfinite(decay))
         throw Error(cat(flag, ": must be a finite number >= 0, got '", value, "'"));
-      command.train.weight_decay = decay;
+      command.train.weight_decay = decay == 0.0 ? 0.0 : parse_positive(flag, value);  // 0, or a normal float
     } else if (flag == "--seed") {
       command.train.seed = static_cast<uint64_t>(parse_int(flag, value, 0, INT64_MAX));
     } else if (flag == "--device") {
@@ -352,6 +352,10 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
         throw Error(cat("--profile-cache: directory '", directory.string(), "' ",
                         std::filesystem::exists(directory, error) ? "is not a directory" : "does not exist",
                         " ('none' for no cache)"));
+      // The cache is replaced at the end of the run: a directory, a read-only file or one that
+      // cannot be written there is refused now, as --trace's and --checkpoint's are, not warned
+      // about after training (a read-only cache was replaced).
+      if (value != "none") check_writable(value, flag);
       command.train.profile_cache = value == "none" ? "" : value;
     } else if (flag == "--trace") {
       check_writable(value, flag);

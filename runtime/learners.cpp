@@ -743,8 +743,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
         if (max_rounds > 0) total_batches = std::min(total_batches, batches_done + (max_rounds - rounds) * learners());
         Progress p{number, epochs_before + epochs, batches_in_epoch, per_epoch, batches_done, total_batches,
                    loss_sum / epoch_rounds, samples / std::max(elapsed, 1e-9),
-                   elapsed / std::max<int64_t>(1, batches_done) * static_cast<double>(total_batches - batches_done),
-                   last};
+                   clock.eta_seconds(batches_done, total_batches, batches_in_epoch, per_epoch), last};
         progress_(p);
       }
       if (!last) keep_going = clock.between_batches(number, batches_done - k, batches_done);
@@ -785,7 +784,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   report.samples_per_second = samples / std::max(report.seconds, 1e-9);
   if (trace_) {
     settle();  // learners still running under a staleness bound record into the trace
-    trace_->write(train_.trace_path);
+    report.trace_error = trace_->write_after_training(train_.trace_path);
   }
   return report;
 }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/atomic_file.h"
 
 namespace quiver {
@@ -107,6 +108,16 @@ std::string Trace::json() const {
 }
 
 void Trace::write(const std::string& path) const { write_file_atomically(path, json(), "trace"); }
+
+std::string Trace::write_after_training(const std::string& path) const {
+  try {
+    write(path);
+    return {};
+  } catch (const Error& error) {
+    warn(cat("the training is done, but its trace was not written: ", error.what()));
+    return error.what();
+  }
+}
 
 TraceOnError::~TraceOnError() {
   if (trace_ == nullptr || std::uncaught_exceptions() <= uncaught_) return;

@@ -42,6 +42,9 @@ class Trace {
   std::string json() const;
   // Throws quiver::Error naming the path when it cannot be written.
   void write(const std::string& path) const;
+  // write() at the end of a fit(): a failure is warned about and returned (empty: written), not
+  // thrown, so that the training done, its report and a checkpoint saved after it are not lost.
+  std::string write_after_training(const std::string& path) const;
 
  private:
   std::chrono::steady_clock::time_point origin_;

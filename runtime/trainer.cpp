@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -30,13 +31,26 @@ int64_t count_correct(const float* scores, const int32_t* labels, int64_t rows, 
   return correct;
 }
 
+// The kernels compute in 32-bit floats: a rate past their range is infinite there (a learning
+// rate scaled by a learner count, too), and a decay below their normal range is flushed to 0.
+void check_learning_rate(double learning_rate) {
+  if (!(learning_rate > 0.0) || !std::isfinite(learning_rate))
+    throw Error(cat("learning rate must be a positive number, got ", learning_rate));
+  if (learning_rate > std::numeric_limits<float>::max())
+    throw Error(cat("learning rate ", learning_rate, " is beyond the largest 32-bit float, which training computes in"));
+}
+
 void check_options(const TrainOptions& o) {
   if (o.batch < 1) throw Error(cat("batch must be >= 1, got ", o.batch));
   if (o.epochs < 1) throw Error(cat("epochs must be >= 1, got ", o.epochs));
   if (o.max_steps < 0) throw Error(cat("max_steps must be >= 0, got ", o.max_steps));
   if (o.threads < 1) throw Error(cat("threads must be >= 1, got ", o.threads));
-  if (!(o.learning_rate > 0.0) || !std::isfinite(o.learning_rate))
-    throw Error(cat("learning rate must be a positive number, got ", o.learning_rate));
+  check_learning_rate(o.learning_rate);
+  if (!(o.weight_decay == 0.0 || (o.weight_decay >= std::numeric_limits<float>::min() &&
+                                  o.weight_decay <= std::numeric_limits<float>::max())))
+    throw Error(cat("weight decay must be 0 or in a 32-bit float's normal range [",
+                    std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(), "], got ",
+                    o.weight_decay));
   if (o.optimizer != "sgd" && o.optimizer != "adam")
     throw Error(cat("optimizer must be sgd or adam, got '", o.optimizer, "'"));
   if (o.eval_batch < 1) throw Error(cat("eval batch must be >= 1, got ", o.eval_batch));
@@ -73,14 +87,28 @@ FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::functio
 
 double FitClock::training_seconds() const { return seconds_since(start_) - off_clock_seconds_; }
 
+double FitClock::eta_seconds(int64_t done, int64_t total, int64_t done_in_epoch, int64_t per_epoch) const {
+  const int64_t left = std::max<int64_t>(0, total - done);
+  const double training = training_seconds() / static_cast<double>(std::max<int64_t>(1, done)) * static_cast<double>(left);
+  if (evaluations_ == 0 || left == 0) return training;
+  // This epoch's end, and one for each epoch begun after it (the run's last, cut or not, included).
+  const int64_t after_this_epoch = std::max<int64_t>(0, left - std::max<int64_t>(0, per_epoch - done_in_epoch));
+  const int64_t epoch_ends = 1 + (after_this_epoch + per_epoch - 1) / std::max<int64_t>(1, per_epoch);
+  const int64_t scheduled = every_ > 0 ? total / every_ - done / every_ : 0;
+  return training + static_cast<double>(epoch_ends + scheduled) * evaluation_seconds_ / static_cast<double>(evaluations_);
+}
+
 bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
   if (settle_) settle_();
-  const double trained = training_seconds();
-  return off_the_clock([&] {  // neither the evaluation nor its callback is training
+  const double trained = training_seconds(), off_before = off_clock_seconds_;
+  const bool keep_going = off_the_clock([&] {  // neither the evaluation nor its callback is training
     last_accuracy_ = evaluate_();
     evaluated_at_ = batches;
     return !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
   });
+  evaluation_seconds_ += off_clock_seconds_ - off_before;
+  ++evaluations_;
+  return keep_going;
 }
 
 bool FitClock::between_batches(int64_t epoch, int64_t before, int64_t after) {
@@ -233,8 +261,7 @@ double Trainer::train_step(const float* images, const int32_t* labels) {
 }
 
 void Trainer::set_learning_rate(double learning_rate) {
-  if (!(learning_rate > 0.0) || !std::isfinite(learning_rate))
-    throw Error(cat("learning rate must be a positive number, got ", learning_rate));
+  check_learning_rate(learning_rate);
   learning_rate_ = learning_rate;
 }
 
@@ -302,7 +329,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
         double elapsed = clock.training_seconds();
         Progress p{number, epochs_before + options_.epochs, step, per_epoch, global, total, loss_sum / step,
                    global * options_.batch / std::max(elapsed, 1e-9),
-                   elapsed / global * (total - global), last};
+                   clock.eta_seconds(global, total, step, per_epoch), last};
         progress_(p);
       }
       if (!last) keep_going = clock.between_batches(number, global - 1, global);
@@ -326,7 +353,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   report.seconds = 0.0;
   for (const EpochReport& e : report.epochs) report.seconds += e.seconds;
   report.samples_per_second = global * options_.batch / std::max(report.seconds, 1e-9);
-  if (trace_) trace_->write(options_.trace_path);
+  if (trace_) report.trace_error = trace_->write_after_training(options_.trace_path);
   return report;
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "models/models.h"
 #include "runtime/learners.h"
 #include "runtime/trainer.h"
@@ -213,6 +214,45 @@ TEST(Trace, UnwritablePathIsNamed) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("/nonexistent-dir/trace.json"), std::string::npos) << error.what();
   }
+}
+
+// A trace that cannot be written at the end of fit() (a full disk, a removed directory) is warned
+// about and reported, not thrown: the training is done, and its report (and the checkpoint
+// quiver-train saves after it) were lost with the exception.
+TEST(Trace, ATraceNotWrittenAfterTrainingKeepsTheReport) {
+  const std::string path = "/nonexistent-dir/trace.json";
+  const Dataset data = [] {
+    Dataset set;
+    set.count = 16, set.rows = 28, set.cols = 28;
+    set.images.assign(16 * 784, 0.5f);
+    for (int i = 0; i < 16; ++i) set.labels.push_back(i % 10);
+    return set;
+  }();
+  std::vector<std::string> warnings;
+  const WarningSink previous = set_warning_sink([&](const std::string& message) { warnings.push_back(message); });
+  TrainOptions options;
+  options.batch = 4;
+  options.eval_batch = 4;
+  options.policy = "serial";
+  options.trace_path = path;
+  Trainer trainer(models::mlp(), options);
+  const TrainReport single = trainer.fit(data, nullptr);
+  EXPECT_EQ(single.steps, 4);
+  EXPECT_NE(single.trace_error.find(path), std::string::npos) << single.trace_error;
+  LearnerGroup group(models::mlp(), options, LearnerOptions{2, 1, SmaOptions{}});
+  const TrainReport learners = group.fit(data, nullptr, 1);
+  EXPECT_EQ(learners.steps, 2);
+  EXPECT_NE(learners.trace_error.find(path), std::string::npos) << learners.trace_error;
+  set_warning_sink(previous);
+  ASSERT_EQ(warnings.size(), 2u);
+  for (const std::string& warning : warnings)
+    EXPECT_NE(warning.find("its trace was not written"), std::string::npos) << warning;
+  // Written, there is no error.
+  options.trace_path = temp_trace("trace_kept").string();
+  Trainer written(models::mlp(), options);
+  EXPECT_EQ(written.fit(data, nullptr).trace_error, "");
+  EXPECT_TRUE(std::filesystem::exists(options.trace_path));
+  std::filesystem::remove(options.trace_path);
 }
 
 TEST(Trace, NamesAreEscaped) {

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "models/models.h"
 #include "runtime/fashion_mnist.h"
+#include "runtime/learners.h"
 #include "runtime/trainer.h"
 
 namespace quiver {
@@ -185,10 +186,39 @@ TEST(Trainer, RejectsBadOptions) {
     bad.retrial_seconds = retrial;
     EXPECT_THROW(Trainer(models::mlp(), bad), Error) << retrial;
   }
+  // The kernels compute in 32-bit floats: a rate past that range is infinite there, a decay
+  // below its normal range is flushed to 0 (and one past it is infinite).
+  auto message = [&](double learning_rate, double decay) {
+    TrainOptions bad = options;
+    bad.learning_rate = learning_rate, bad.weight_decay = decay;
+    try {
+      Trainer trainer(models::mlp(), bad);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(1e39, 0.0).find("beyond the largest 32-bit float"), std::string::npos);
+  EXPECT_NE(message(0.01, 1e300).find("weight decay must be 0 or in a 32-bit float's normal range"), std::string::npos);
+  EXPECT_NE(message(0.01, 1e-40).find("weight decay must be 0 or in"), std::string::npos);
+  EXPECT_NE(message(0.01, -1.0).find("weight decay must be 0 or in"), std::string::npos);
+  EXPECT_EQ(message(0.01, 5e-4), "accepted");
   Trainer trainer(models::mlp(), options);
   EXPECT_THROW(trainer.set_learning_rate(0.0), Error);
   EXPECT_THROW(trainer.set_learning_rate(std::numeric_limits<double>::infinity()), Error);
+  EXPECT_THROW(trainer.set_learning_rate(1e39), Error);
   EXPECT_DOUBLE_EQ(trainer.learning_rate(), 0.01);
+  // A rate that fits until a learner count scales it: refused when the learners are built.
+  TrainOptions scaled = options;
+  scaled.learning_rate = 3e38, scaled.policy = "serial", scaled.threads = 1;
+  LearnerOptions two{2, 1, SmaOptions{}};
+  two.lr_scaling = LrScaling::Linear;
+  try {
+    LearnerGroup group(models::mlp(), scaled, two);
+    ADD_FAILURE() << "a learning rate of 6e38 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("beyond the largest 32-bit float"), std::string::npos) << error.what();
+  }
 }
 
 // A trainer's footprint counts what its kernels hold for themselves: the LSTM's kernels keep the
@@ -509,6 +539,20 @@ TEST(FitClock, SettlingBeforeAnEvaluationIsTrainingTime) {
   // A batch range with no multiple of `every` in it evaluates nothing (every = 1: none is empty).
   FitClock every_ten(10, [] { return 0.5; }, nullptr, [] { ADD_FAILURE() << "settled without an evaluation"; });
   EXPECT_TRUE(every_ten.between_batches(1, 1, 9));
+}
+
+// The progress line's ETA counts the evaluations still to come at their mean time so far, which
+// training time leaves out: with --eval-every it read 0:01 with 6 s left.
+TEST(FitClock, TheTimeLeftCountsTheEvaluationsToCome) {
+  FitClock clock(10, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return 0.5;
+  }, nullptr);
+  EXPECT_LT(clock.eta_seconds(10, 40, 10, 20), 0.04) << "no evaluation yet: training time only";
+  EXPECT_TRUE(clock.between_batches(1, 9, 10));
+  // 30 batches left: evaluations at 20, 30 and 40, and the ends of epochs 1 and 2.
+  EXPECT_GE(clock.eta_seconds(10, 40, 10, 20), 5 * 0.05);
+  EXPECT_LT(clock.eta_seconds(40, 40, 20, 20), 0.04) << "nothing left";
 }
 
 // fit() without training accuracy (TrainOptions::train_accuracy false, what the time-to-accuracy
