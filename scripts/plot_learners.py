@@ -4,6 +4,7 @@ learners, one line per model and batch. Writes a self-contained SVG (no plotting
 
 usage: scripts/plot_learners.py learners.md docs/learners.svg
 """
+import html
 import math
 import sys
 
@@ -78,7 +79,7 @@ def svg(ks, rows, title):
         out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
         for k, r in zip(ks, ratios):
             out.append(f'<circle cx="{x(k):.1f}" cy="{y(r):.1f}" r="3" fill="{color}"/>')
-        out.append(f'<text x="{left + plot_w + 12}" y="{top + 14 + 18 * i}" fill="{color}">{name}</text>')
+        out.append(f'<text x="{left + plot_w + 12}" y="{top + 14 + 18 * i}" fill="{color}">{html.escape(name)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
