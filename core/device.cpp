@@ -24,9 +24,11 @@ DeviceBackend& backend_for(Device device) {
     throw Error(cat(device.str(), ": this build of Quiver has no CUDA backend (configure with "
                                   "QUIVER_CUDA=ON where the CUDA toolkit is installed)"));
   int count = backend->device_count();
-  if (device.index < 0 || device.index >= count)
-    throw Error(cat(device.str(), ": no such device (", count, " CUDA device",
-                    count == 1 ? "" : "s", " visible)"));
+  if (device.index < 0 || device.index >= count) {
+    const std::string why = count == 0 ? backend->why_no_devices() : std::string();
+    throw Error(cat(device.str(), ": no such device (", count, " CUDA device", count == 1 ? "" : "s", " visible",
+                    why.empty() ? std::string() : cat("; the CUDA driver says ", why), ")"));
+  }
   return *backend;
 }
 

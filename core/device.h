@@ -38,6 +38,9 @@ class DeviceBackend {
   virtual const char* name() const = 0;
   // Devices present; 0 when there is none or no driver (the backend is still usable for nothing).
   virtual int device_count() const = 0;
+  // Where device_count() found none because the driver said no (none installed, older than the
+  // runtime): what it said. Empty otherwise.
+  virtual std::string why_no_devices() const { return {}; }
   // Free bytes on `device` now.
   virtual int64_t free_memory(int device) const = 0;
 

@@ -163,14 +163,21 @@ class CudaBackend final : public DeviceBackend {
   int device_count() const override {
     std::call_once(counted_, [this] {
       int count = 0;
-      // No driver or no device: the backend exists but has nothing to run on.
-      if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      // No driver or no device: the backend exists but has nothing to run on, and says why (a
+      // driver older than the runtime reads as "no such device" otherwise).
+      if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
         cudaGetLastError();
         count = 0;
+        no_devices_ = cat(cudaGetErrorName(status), ": ", cudaGetErrorString(status));
       }
       count_ = count;
     });
     return count_;
+  }
+
+  std::string why_no_devices() const override {
+    device_count();
+    return no_devices_;
   }
 
   // What the driver has free plus what the allocator holds for reuse on this device.
@@ -332,6 +339,7 @@ class CudaBackend final : public DeviceBackend {
   }
   mutable std::once_flag counted_;
   mutable int count_ = 0;
+  mutable std::string no_devices_;
   mutable CachingAllocator allocator_;
 };
 

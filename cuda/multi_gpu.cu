@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -73,10 +74,21 @@ __global__ void move_kernel(float* z, float* previous_move, const float* move, f
 // (after the owner's streams drained: DeviceSma's destructor).
 struct Communicators {
   std::vector<int> devices;
-  std::vector<ncclComm_t> comms;
+  // A collective of the set failed: the others already queued would wait for their peer for
+  // ever, and with them every stream ordered after them. The set is aborted (its queued work
+  // ends), and each later round refuses it with the error that broke it. (Mutable: a round holds
+  // the set as const.)
+  mutable std::vector<ncclComm_t> comms;
+  mutable std::string broken;
   Communicators() = default;
   Communicators(const Communicators&) = delete;
   Communicators& operator=(const Communicators&) = delete;
+  void abort(const std::string& why) const {
+    if (broken.empty()) broken = why;
+    for (ncclComm_t comm : comms)
+      if (comm) ncclCommAbort(comm);  // its error is the one already being reported
+    comms.assign(comms.size(), nullptr);
+  }
   ~Communicators() {
     for (ncclComm_t comm : comms)
       if (comm) ncclCommDestroy(comm);  // nothing to report to from a destructor
@@ -114,6 +126,15 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     devices.push_back(stream->device());
     streams.push_back(stream);
   }
+  // Checked before any replica moves toward z: a round that cannot all-reduce corrects nothing.
+  const auto* set = static_cast<const Communicators*>(communicators);
+  if (shards.size() > 1) {
+    if (!set || set->devices != devices)
+      throw Error("SMA across GPUs: no NCCL communicators for these devices (DeviceBackend::make_communicators, "
+                  "made for the shards' devices in order)");
+    if (!set->broken.empty())
+      throw Error(cat("SMA across GPUs: the NCCL communicators were aborted after an earlier failure: ", set->broken));
+  }
   // Per device: the corrections' sum, in the stream's workspace (ordered work on one stream).
   // Every workspace first, then the corrections: a workspace that cannot grow must fail the round
   // before any device's replicas have moved toward z.
@@ -135,30 +156,33 @@ void sma_round_devices(std::span<const SmaShard> shards, float alpha, float mu_z
     QUIVER_CUDA_CHECK_LAUNCH();
   }
   if (shards.size() > 1) {
-    const auto* set = static_cast<const Communicators*>(communicators);
-    if (!set || set->devices != devices)
-      throw Error("SMA across GPUs: no NCCL communicators for these devices (DeviceBackend::make_communicators, "
-                  "made for the shards' devices in order)");
     const std::vector<ncclComm_t>& comms = set->comms;
     // Groups on the same GPUs from two threads: NCCL needs collectives of different communicators
     // queued in the same order on every device, or their kernels may wait on each other for ever.
     // One launch at a time keeps that order (the launch only queues; the device work overlaps).
     static std::mutex launch_order;
     const std::lock_guard launching(launch_order);
-    QUIVER_NCCL_CHECK(ncclGroupStart());
-    // A failed call inside the group must still close it, or every later NCCL call on this
-    // thread would be deferred forever.
-    struct GroupEnd {
-      bool armed = true;
-      ~GroupEnd() {
-        if (armed) ncclGroupEnd();
-      }
-    } group_end;
-    for (size_t d = 0; d < shards.size(); ++d)
-      QUIVER_NCCL_CHECK(ncclAllReduce(moves[d], moves[d], static_cast<size_t>(count), ncclFloat, ncclSum, comms[d],
-                                      streams[d]->stream()));
-    group_end.armed = false;
-    QUIVER_NCCL_CHECK(ncclGroupEnd());
+    try {
+      QUIVER_NCCL_CHECK(ncclGroupStart());
+      // A failed call inside the group must still close it, or every later NCCL call on this
+      // thread would be deferred forever.
+      struct GroupEnd {
+        bool armed = true;
+        ~GroupEnd() {
+          if (armed) ncclGroupEnd();
+        }
+      } group_end;
+      for (size_t d = 0; d < shards.size(); ++d)
+        QUIVER_NCCL_CHECK(ncclAllReduce(moves[d], moves[d], static_cast<size_t>(count), ncclFloat, ncclSum, comms[d],
+                                        streams[d]->stream()));
+      group_end.armed = false;
+      QUIVER_NCCL_CHECK(ncclGroupEnd());
+    } catch (const std::exception& error) {
+      // Some devices' all-reduces may be queued without their peers': abort them, so that the
+      // sync streams (and the learners ordered after them) do not wait for ever.
+      set->abort(error.what());
+      throw;
+    }
   }
   for (size_t d = 0; d < shards.size(); ++d) {
     use_device(devices[d]);

@@ -32,10 +32,13 @@ DeviceSma::DeviceSma(Tensor average, std::vector<Device> devices, int learners, 
 }
 
 DeviceSma::~DeviceSma() {
-  // The communicators go first (members in reverse order): nothing may still be queued on them.
-  try {
-    drain();
-  } catch (...) {  // a destructor has nowhere to report to; the round's own error was thrown before
+  // The communicators go first (members in reverse order): nothing may still be queued on them,
+  // on any device, also where another device's stream failed.
+  for (const Shard& shard : shards_) {
+    try {
+      backend_for(shard.device).synchronize(*shard.stream);
+    } catch (...) {  // a destructor has nowhere to report to; the round's own error was thrown before
+    }
   }
 }
 
