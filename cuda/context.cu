@@ -37,8 +37,8 @@ namespace {
 // themselves and no API says how much (an H100 with CUDA 13: 64.25 MiB cuBLAS, 7.75 MiB cuDNN,
 // 0.5 MiB the stream). Two such streams are made and the second one measured: the first may still
 // pay the libraries' one-time costs. cuBLAS keeps its own pool even when given a workspace
-// (cublasSetWorkspace), so none is given. Not cached when it cannot be measured (0: the next
-// stream tries again). Memory another thread or process takes between the two readings counts
+// (cublasSetWorkspace), so none is given. Not cached when it cannot be measured (96 MiB is
+// assumed then, and the next stream tries again). Memory another thread or process takes between the two readings counts
 // too: the check then plans on more, never on less.
 struct ProbeStream {
   cudaStream_t stream = nullptr;

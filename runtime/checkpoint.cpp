@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -112,7 +113,9 @@ CheckpointInfo load_checkpoint(const std::string& path, const ParamStore& layout
   if (static_cast<size_t>(in.gcount()) != magic || head != kMagic) {
     const size_t family = std::strlen(kFamily);
     if (static_cast<size_t>(in.gcount()) > family && head.compare(0, family, kFamily) == 0) {
-      const std::string version = head.substr(family, head.find('\n', family) - family);
+      std::string version = head.substr(family);  // up to its line's end, which may lie further on
+      for (char c = 0; version.find('\n') == std::string::npos && version.size() < 32 && in.get(c);) version += c;
+      version.resize(std::min(version.size(), version.find('\n')));
       throw Error(cat("checkpoint '", path, "': a Quiver checkpoint of format version ", json_for_message(version),
                       "; this build reads version 1"));
     }

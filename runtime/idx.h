@@ -21,8 +21,9 @@ struct IdxArray {
 // number (shown in hex), implausible dims, a header that claims more than `max_bytes` of data
 // (refused before any is read: a gzip file of a few MB can inflate to any size, so a loader passes
 // what memory allows), a header or data section shorter than the header promises, or a gzip
-// stream that is corrupt or cut short (the member's check bytes are read and checked; gzip
-// members that follow are read to their ends). Bytes after the data are ignored.
+// stream that is corrupt or cut short (the check bytes of the member holding the data's end are
+// read and checked), or such a member holding more than 1 MiB (or the data's size) past the data.
+// Bytes after the data, later gzip members too, are otherwise ignored, unread.
 IdxArray read_idx(const std::string& path, int64_t max_bytes = std::numeric_limits<int64_t>::max());
 
 // Writes `a` as unsigned-byte IDX, gzip-compressed when `gzip` is set, atomically (a failed write

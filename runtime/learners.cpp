@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -120,6 +121,12 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (!train_.device.is_cpu() && (most + options.devices - 1) / options.devices > kMaxLearnersPerDevice)
     throw Error(cat("learners: ", most, " learner(s) over ", options.devices, " GPU(s) is more than ",
                     kMaxLearnersPerDevice, " per GPU, the most one GPU's SMA round takes"));
+  // The rate the largest group trains at must fit the kernels' 32-bit floats: refused now, not by
+  // a tuner's resize (which takes a refusal for a group too large for memory and settles).
+  if (const double largest = train_.learning_rate * lr_scale(options.lr_scaling, most);
+      largest > std::numeric_limits<float>::max())
+    throw Error(cat("learning rate: ", train_.learning_rate, " scaled for ", most, " learners is ", largest,
+                    ", beyond the largest 32-bit float, which training computes in"));
   for (int d = 0; d < options.devices; ++d) {
     devices_.push_back(Device{train_.device.kind, train_.device.index + d});
     if (!train_.device.is_cpu()) backend_for(devices_.back());  // throws for a device that does not exist
@@ -743,7 +750,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
         if (max_rounds > 0) total_batches = std::min(total_batches, batches_done + (max_rounds - rounds) * learners());
         Progress p{number, epochs_before + epochs, batches_in_epoch, per_epoch, batches_done, total_batches,
                    loss_sum / epoch_rounds, samples / std::max(elapsed, 1e-9),
-                   clock.eta_seconds(batches_done, total_batches, batches_in_epoch, per_epoch), last};
+                   clock.eta_seconds(batches_done, total_batches), last};
         progress_(p);
       }
       if (!last) keep_going = clock.between_batches(number, batches_done - k, batches_done);

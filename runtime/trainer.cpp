@@ -87,28 +87,19 @@ FitClock::FitClock(int64_t every, std::function<double()> evaluate, std::functio
 
 double FitClock::training_seconds() const { return seconds_since(start_) - off_clock_seconds_; }
 
-double FitClock::eta_seconds(int64_t done, int64_t total, int64_t done_in_epoch, int64_t per_epoch) const {
-  const int64_t left = std::max<int64_t>(0, total - done);
-  const double training = training_seconds() / static_cast<double>(std::max<int64_t>(1, done)) * static_cast<double>(left);
-  if (evaluations_ == 0 || left == 0) return training;
-  // This epoch's end, and one for each epoch begun after it (the run's last, cut or not, included).
-  const int64_t after_this_epoch = std::max<int64_t>(0, left - std::max<int64_t>(0, per_epoch - done_in_epoch));
-  const int64_t epoch_ends = 1 + (after_this_epoch + per_epoch - 1) / std::max<int64_t>(1, per_epoch);
-  const int64_t scheduled = every_ > 0 ? total / every_ - done / every_ : 0;
-  return training + static_cast<double>(epoch_ends + scheduled) * evaluation_seconds_ / static_cast<double>(evaluations_);
+double FitClock::eta_seconds(int64_t done, int64_t total) const {
+  return seconds_since(start_) / static_cast<double>(std::max<int64_t>(1, done)) *
+         static_cast<double>(std::max<int64_t>(0, total - done));
 }
 
 bool FitClock::evaluate_at(int64_t epoch, int64_t batches) {
   if (settle_) settle_();
-  const double trained = training_seconds(), off_before = off_clock_seconds_;
-  const bool keep_going = off_the_clock([&] {  // neither the evaluation nor its callback is training
+  const double trained = training_seconds();
+  return off_the_clock([&] {  // neither the evaluation nor its callback is training
     last_accuracy_ = evaluate_();
     evaluated_at_ = batches;
     return !callback_ || callback_(Evaluation{epoch, batches, trained, last_accuracy_});
   });
-  evaluation_seconds_ += off_clock_seconds_ - off_before;
-  ++evaluations_;
-  return keep_going;
 }
 
 bool FitClock::between_batches(int64_t epoch, int64_t before, int64_t after) {
@@ -329,7 +320,7 @@ TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
         double elapsed = clock.training_seconds();
         Progress p{number, epochs_before + options_.epochs, step, per_epoch, global, total, loss_sum / step,
                    global * options_.batch / std::max(elapsed, 1e-9),
-                   clock.eta_seconds(global, total, step, per_epoch), last};
+                   clock.eta_seconds(global, total), last};
         progress_(p);
       }
       if (!last) keep_going = clock.between_batches(number, global - 1, global);

@@ -118,10 +118,9 @@ class FitClock {
   FitClock(int64_t every, std::function<double()> evaluate, std::function<bool(const Evaluation&)> callback,
            std::function<void()> settle = {});
   double training_seconds() const;
-  // The time left, `done` of `total` batches trained (`done_in_epoch` of the epoch's `per_epoch`):
-  // the training at its rate so far, and the evaluations still to come (every `every` batches and
-  // at each epoch's end) at their mean time so far, which training time leaves out.
-  double eta_seconds(int64_t done, int64_t total, int64_t done_in_epoch, int64_t per_epoch) const;
+  // The time left, `done` of `total` batches trained, at the pace of the run so far in wall time:
+  // the evaluations, which training time leaves out, take their share of it.
+  double eta_seconds(int64_t done, int64_t total) const;
   // After training batches (before, after] of the run: evaluates once if a multiple of `every`
   // lies in that range. Returns false when the callback asked to stop.
   bool between_batches(int64_t epoch, int64_t before, int64_t after);
@@ -143,8 +142,6 @@ class FitClock {
   std::function<void()> settle_;
   std::chrono::steady_clock::time_point start_;
   double off_clock_seconds_ = 0.0;
-  double evaluation_seconds_ = 0.0;  // the evaluations' (their callbacks' too) time, and their count
-  int64_t evaluations_ = 0;
   int64_t evaluated_at_ = -1;
   double last_accuracy_ = -1.0;
 };

@@ -401,6 +401,7 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   std::string next_version = bytes;
   next_version[magic - 2] = '2';
   expect_rejected(next_version, "a Quiver checkpoint of format version \"2\"; this build reads version 1");
+  expect_rejected("QUIVER-CHECKPOINT 100\n" + bytes.substr(magic), "format version \"100\"; this build reads version 1");
   expect_rejected(crafted(edited(cat("\"flat_size\":", group.average().numel()), "\"flat_size\":1e300"), data),
                   "\"flat_size\" is 1e+300, not a count");
   // A value nested a million deep (the parser reads it without recursion): named by its kind, not
