@@ -598,6 +598,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     tuning.step = tuner_step;
     // A round takes one batch per learner from one epoch: never more learners than an epoch's batches.
     tuning.max_learners = std::max(tuner_step, static_cast<int>(std::min<int64_t>(per_epoch, options_.max_learners)));
+    // CPU learners need a core each: the cores counted now, where the group was made with more
+    // (an affinity mask narrowed since) would have the tuner grow onto shared cores.
+    if (train_.device.is_cpu()) tuning.max_learners = std::min(tuning.max_learners, std::max(1, cores));
     tuning.threshold = options_.tune_threshold;
     tuning.confirm_band = options_.tune_confirm_band;
     tuning.confirm_gains = options_.tune_confirm_gains;

@@ -145,7 +145,20 @@ PerfModel::PerfModel(int max_threads) : max_threads_(max_threads) {
   if (counts_.back() != max_threads) counts_.push_back(max_threads);
 }
 
+namespace {
+
+// A sample the cache could hold: a thread count the model knows, a time that is a time (a NaN
+// would reach the median's sort, and save() would write what load() refuses for the whole file).
+void check_sample(const std::string& key, int threads, double seconds) {
+  if (threads < 1 || threads > PerfModel::kMostThreads || !std::isfinite(seconds) || seconds < 0.0)
+    throw Error(cat("perf model: a sample of '", key, "' at ", threads, " threads of ", seconds,
+                    " s (threads in [1, ", PerfModel::kMostThreads, "], a finite time >= 0)"));
+}
+
+}  // namespace
+
 void PerfModel::add_sample(const std::string& key, int threads, double seconds) {
+  check_sample(key, threads, seconds);
   Entry& entry = entries_[key];
   // A clock coarser than the op reads 0: kept as the shortest time a cache holds, so the fit and
   // the error reports stay finite and save() writes nothing load() would refuse.
@@ -156,6 +169,7 @@ void PerfModel::add_sample(const std::string& key, int threads, double seconds) 
 
 void PerfModel::replace_samples(const std::string& key, int threads, std::vector<double> seconds) {
   if (seconds.empty()) throw Error(cat("perf model: no samples to replace those of '", key, "' at ", threads, " threads"));
+  for (double time : seconds) check_sample(key, threads, time);
   Entry& entry = entries_[key];
   for (double& time : seconds) time = std::max(time, kShortestCached);
   entry.samples[threads] = std::move(seconds);
@@ -197,8 +211,10 @@ double PerfModel::predict(const std::string& key, int threads) const { return en
 int PerfModel::fastest(const std::string& key) const {
   const ThreadFit& fit = entry(key).fit;
   int best = 1;
+  // The fewest threads at the best time: a flat curve's predictions differ by rounding only (an
+  // op that does not scale was spread over every thread when it ran alone).
   for (int p = 2; p <= max_threads_; ++p)
-    if (fit.predict(p) < fit.predict(best)) best = p;
+    if (fit.predict(p) < fit.predict(best) * (1.0 - 1e-9)) best = p;
   return best;
 }
 

@@ -63,14 +63,20 @@ double handoff_ns(int a, int b, int round_trips, int batches) {
   };
   const int64_t total = static_cast<int64_t>(round_trips) * batches;
   std::vector<double> batch_ns;
-  std::thread responder([&] {
-    if (!pin_and_meet(b)) return;
-    for (int64_t i = 0; i < total; ++i) {
-      while (turn.value.load(std::memory_order_acquire) != 2 * i + 1) {
+  batch_ns.reserve(static_cast<size_t>(batches));  // the timer thread only appends: no allocation there
+  std::thread responder;
+  try {
+    responder = std::thread([&] {
+      if (!pin_and_meet(b)) return;
+      for (int64_t i = 0; i < total; ++i) {
+        while (turn.value.load(std::memory_order_acquire) != 2 * i + 1) {
+        }
+        turn.value.store(2 * i + 2, std::memory_order_release);
       }
-      turn.value.store(2 * i + 2, std::memory_order_release);
-    }
-  });
+    });
+  } catch (const std::system_error& error) {
+    throw Error(cat("handoff_ns: cannot start a thread: ", error.what()));
+  }
   // A timer thread that cannot start would leave the responder waiting to meet it, and a joinable
   // std::thread destroyed by the unwinding ends the process: it is released and joined first.
   std::thread timer;

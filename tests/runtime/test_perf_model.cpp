@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -117,6 +118,19 @@ TEST(PerfModel, GrantIsTheFewestThreadsNearTheBest) {
   EXPECT_EQ(model.fastest("saturates"), 2);
   EXPECT_EQ(model.grant("serial", 0.05), 1);
   EXPECT_THROW(model.predict("unknown", 1), Error);
+  // A flat curve (an op that does not scale, or a clock too coarse for it): its predictions differ
+  // by rounding only, and the fastest count is the fewest (it was 16 of 16 for an op running alone).
+  PerfModel wide(16);
+  for (int p : wide.profiled_counts()) wide.add_sample("flat", p, 3.3e-4);
+  wide.fit();
+  EXPECT_EQ(wide.fastest("flat"), 1);
+  // Samples the cache could not hold are refused, not sorted as NaN or saved as what load refuses.
+  EXPECT_THROW(wide.add_sample("bad", 0, 1e-3), Error);
+  EXPECT_THROW(wide.add_sample("bad", PerfModel::kMostThreads + 1, 1e-3), Error);
+  EXPECT_THROW(wide.add_sample("bad", 1, std::nan("")), Error);
+  EXPECT_THROW(wide.add_sample("bad", 1, -1.0), Error);
+  EXPECT_THROW(wide.replace_samples("bad", 1, {1e-3, std::numeric_limits<double>::infinity()}), Error);
+  EXPECT_EQ(wide.samples("bad", 1), 0);
   EXPECT_EQ(model.profiled_counts(), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(PerfModel(20).profiled_counts(), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 16, 20}));
 }
