@@ -473,6 +473,8 @@ void PerfModel::save(const std::string& path) const {
   write_file_atomically(path, cache.dump(1) + "\n", "profile cache");
 }
 
+std::string PerfModel::build_flavor() { return QUIVER_BUILD_FLAVOR; }
+
 std::string default_profile_cache() {
   if (const char* explicit_path = std::getenv("QUIVER_PROFILE_CACHE")) return explicit_path;
   std::string directory;
@@ -482,7 +484,10 @@ std::string default_profile_cache() {
     directory = std::string(home) + "/.cache/quiver";
   else
     return "";
-  return directory + "/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + ".json";
+  // One file per CPU model and build type: a debug or sanitizer build's profiles are stale to a
+  // release build, and a shared file would be replaced each time the other ran.
+  return directory + "/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + "-" + cpu_file_tag(PerfModel::build_flavor()) +
+         ".json";
 }
 
 std::string cpu_file_tag(const std::string& cpu) {

@@ -69,6 +69,9 @@ class PerfModel {
 
   // The CPU model as /proc/cpuinfo names it (cpu_model_of; "unknown" when it cannot be read).
   static std::string cpu_model();
+  // The build type (and sanitizers) this library was built as: profiles timed under another are
+  // stale here.
+  static std::string build_flavor();
   // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
   // corrupt, from another CPU, or from another format or Quiver version (with a warning).
   bool load(const std::string& path);

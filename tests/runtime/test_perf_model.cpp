@@ -214,7 +214,8 @@ TEST(PerfModel, DefaultCacheFileNamesTheCpuModel) {
   } explicit_path("QUIVER_PROFILE_CACHE"), xdg("XDG_CACHE_HOME");
   unsetenv("QUIVER_PROFILE_CACHE");
   setenv("XDG_CACHE_HOME", "/tmp/xdg-test", 1);
-  EXPECT_EQ(default_profile_cache(), "/tmp/xdg-test/quiver/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + ".json");
+  EXPECT_EQ(default_profile_cache(), "/tmp/xdg-test/quiver/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + "-" +
+                                         cpu_file_tag(PerfModel::build_flavor()) + ".json");
   setenv("QUIVER_PROFILE_CACHE", "/tmp/chosen.json", 1);
   EXPECT_EQ(default_profile_cache(), "/tmp/chosen.json");
 }
