@@ -22,7 +22,7 @@ void LearnerGroup::save(const std::string& path) const {
   info.model = model_.name;
   info.rounds = rounds_done_ - unsynced;
   info.epochs_done = epochs_done_;
-  info.epoch_samples = std::max<int64_t>(0, epoch_samples_done_ - unsynced * learners() * batch_);
+  info.epoch_samples = unsynced > 0 ? epoch_samples_at_sync_ : epoch_samples_done_;
   info.seed = train_.seed;
   info.seed_known = true;
   info.data_samples = info.epoch_samples > 0 ? epoch_data_samples_ : 0;
@@ -53,14 +53,14 @@ void LearnerGroup::load(const std::string& path) {
   if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
   epochs_done_ = info.epochs_done;
   // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
-  epoch_samples_done_ = info.epoch_samples;
+  set_epoch_samples(info.epoch_samples);  // build() above left z holding every round: a sync
   epoch_data_samples_ = info.data_samples;
   if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
     warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,
              info.seed_known ? cat(" of seed ", info.seed, "; this run's seed is ", train_.seed)
                              : std::string(" without its data order's seed"),
              ": that epoch starts again"));
-    epoch_samples_done_ = 0;
+    set_epoch_samples(0);
   }
 }
 

@@ -259,6 +259,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   if (options_.sync == Sync::Ssgd)
     sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
   last_sync_round_ = rounds_done_;  // every replica starts from z
+  epoch_samples_at_sync_ = epoch_samples_done_;
 }
 
 void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
@@ -282,6 +283,7 @@ bool LearnerGroup::fold_local_steps() {
     sma_->round(params, now, *streams.front());
   }
   last_sync_round_ = rounds_done_;
+  epoch_samples_at_sync_ = epoch_samples_done_;
   return true;
 }
 
@@ -567,7 +569,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   if (epoch_samples_done_ > 0 && epoch_data_samples_ > 0 && epoch_data_samples_ != train.count) {
     warn(cat(epoch_samples_done_, " samples of epoch ", epochs_done_ + 1, " were trained in the order of a training set of ",
              epoch_data_samples_, " samples; this one has ", train.count, ": that epoch starts again"));
-    epoch_samples_done_ = 0;
+    set_epoch_samples(0);
   }
   batcher_options.first_epoch = epochs_done_;  // a resumed run (or a second fit()) continues the data order
   // ... from the batch a cut epoch stopped at (a whole batch of this run's size; with another batch
@@ -678,7 +680,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       batches_in_epoch += k;
       batches_done += k;
       loss_sum += round(images, labels);
-      epoch_samples_done_ = batches_in_epoch * batch_, epoch_data_samples_ = train.count;
+      set_epoch_samples(batches_in_epoch * batch_), epoch_data_samples_ = train.count;
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
       if (tuner && !tuned_) {
@@ -766,7 +768,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     if (epoch_complete && epoch_rounds == 0) {
       // A cut epoch resumed with fewer batches left than a round takes: done, with nothing to
       // report (no loss, no samples/s), evaluate or save; it still counts as one of `epochs`.
-      ++epochs_done_, epoch_samples_done_ = 0;
+      ++epochs_done_, set_epoch_samples(0);
       continue;
     }
     // Under a sync period an epoch ends holding every step in z: its evaluation, and a checkpoint
@@ -784,7 +786,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     report.final_loss = epoch_report.mean_loss;
     // Counted before the epoch's evaluation, whose callback may save(): its checkpoint holds the
     // epoch finished (a cut epoch goes on from where it stopped).
-    if (epoch_complete) ++epochs_done_, epoch_samples_done_ = 0;
+    if (epoch_complete) ++epochs_done_, set_epoch_samples(0);
     if (test) epoch_report.test_accuracy = clock.epoch_end(number, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;

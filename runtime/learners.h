@@ -303,6 +303,14 @@ class LearnerGroup {
   int64_t last_sync_round_ = 0;  // the last round whose end left z holding every replica's steps
   double lr_factor_ = 1.0;       // set_learning_rate_factor()
   int64_t epoch_samples_done_ = 0;
+  // epoch_samples_done_ as of the last sync (last_sync_round_): what a checkpoint saved between
+  // syncs records with z. Rounds run by round() alone move neither.
+  int64_t epoch_samples_at_sync_ = 0;
+  // Sets epoch_samples_done_, and its value at the last sync where z holds every round.
+  void set_epoch_samples(int64_t samples) {
+    epoch_samples_done_ = samples;
+    if (last_sync_round_ == rounds_done_) epoch_samples_at_sync_ = samples;
+  }
   int64_t epoch_data_samples_ = 0;  // the training set's size the cut epoch's order was drawn for (0: unknown)
 };
 

@@ -201,6 +201,18 @@ TEST(Checkpoint, ASaveBetweenSyncsHoldsTheProgressOfTheLastSync) {
   direct.save(path);
   from_direct.load(path);
   EXPECT_EQ(from_direct.rounds_done(), 8);
+  // fit() cut inside an epoch ends with a fold: rounds after it by round() alone take no samples
+  // of the epoch, and a save before their sync holds the fit's position (it had subtracted
+  // their samples from it).
+  LearnerGroup cut(models::mlp(), recipe(), period);
+  cut.fit(train, nullptr, 1, 4);
+  ASSERT_EQ(cut.epoch_samples_done(), 4 * 2 * 8);
+  for (int round = 0; round < 2; ++round) cut.round(data.images.data(), data.labels.data());  // 5, 6: local
+  cut.save(path);
+  LearnerGroup from_cut(models::mlp(), recipe(), period);
+  from_cut.load(path);
+  EXPECT_EQ(from_cut.rounds_done(), 4);
+  EXPECT_EQ(from_cut.epoch_samples_done(), 4 * 2 * 8);
   std::filesystem::remove(path);
 }
 
