@@ -1,7 +1,5 @@
 // LearnerGroup's checkpoints of the average model z: written atomically with a checksum
 // (runtime/checkpoint.h); a load verifies the file before it touches the running model.
-#include <algorithm>
-
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/checkpoint.h"
