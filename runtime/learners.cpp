@@ -258,8 +258,7 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
     ssgd_velocity_ = Tensor::zeros(average_->params().flat_params().shape(), DType::F32);
   if (options_.sync == Sync::Ssgd)
     sync_budget_ = std::make_unique<ThreadBudget>(std::min(learners * threads_per_learner, available_cores()));
-  last_sync_round_ = rounds_done_;  // every replica starts from z
-  epoch_samples_at_sync_ = epoch_samples_done_;
+  mark_synced();  // every replica starts from z
 }
 
 void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
@@ -282,8 +281,7 @@ bool LearnerGroup::fold_local_steps() {
   } else {
     sma_->round(params, now, *streams.front());
   }
-  last_sync_round_ = rounds_done_;
-  epoch_samples_at_sync_ = epoch_samples_done_;
+  mark_synced();
   return true;
 }
 
@@ -469,7 +467,7 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
     trace_group_work("sma round", "sync", sync_start, this_round);
   }
   ++rounds_done_;
-  if (sync_round) last_sync_round_ = rounds_done_;
+  if (sync_round) mark_synced();
   return loss / static_cast<double>(learners_.size());
 }
 
@@ -562,6 +560,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
   check_samples_fit(model_, train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");
+  // Rounds run by round() alone (or a fit() that threw) since the last sync are folded in first:
+  // every epoch then starts and ends with z holding every round, which a checkpoint saved between
+  // syncs relies on. After a fit() that returned there is nothing to fold.
+  fold_local_steps();
   BatcherOptions batcher_options;
   batcher_options.batch_size = batch_;
   batcher_options.seed = train_.seed;

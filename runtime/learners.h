@@ -123,7 +123,7 @@ struct LearnerOptions {
   // the samples to 85% at mu_z 0.9, 0.95-1.2x at mu_z 0 (docs/benchmarks.md, "A sync period").
   // resize() and reset_replicas() fold the local steps since the last sync into z before they
   // start the replicas from it, and fit() does at the end of every epoch (before z is evaluated
-  // and saved); the tuner ends its windows on sync rounds, so the resizes after its windows have
+  // and saved) and at its start where rounds ran outside it; the tuner ends its windows on sync rounds, so the resizes after its windows have
   // nothing to fold. Evaluations inside an epoch (eval_every) and round() alone see z as of the
   // last sync.
   int sync_period = 1;
@@ -304,9 +304,16 @@ class LearnerGroup {
   double lr_factor_ = 1.0;       // set_learning_rate_factor()
   int64_t epoch_samples_done_ = 0;
   // epoch_samples_done_ as of the last sync (last_sync_round_): what a checkpoint saved between
-  // syncs records with z. Rounds run by round() alone move neither.
+  // syncs records with z. Rounds run by round() alone take no samples of fit()'s epoch. (Epochs
+  // end only where z holds every round: fit() starts and ends each epoch with a fold.)
   int64_t epoch_samples_at_sync_ = 0;
-  // Sets epoch_samples_done_, and its value at the last sync where z holds every round.
+  // z holds every round trained: a sync round, a fold, a rebuild.
+  void mark_synced() {
+    last_sync_round_ = rounds_done_;
+    epoch_samples_at_sync_ = epoch_samples_done_;
+  }
+  // Sets epoch_samples_done_, and its value at the last sync where z holds every round (fit()
+  // counts a round's samples after round() has returned).
   void set_epoch_samples(int64_t samples) {
     epoch_samples_done_ = samples;
     if (last_sync_round_ == rounds_done_) epoch_samples_at_sync_ = samples;

@@ -212,9 +212,10 @@ int PerfModel::fastest(const std::string& key) const {
   const ThreadFit& fit = entry(key).fit;
   int best = 1;
   // The fewest threads at the best time: a flat curve's predictions differ by rounding only (an
-  // op that does not scale was spread over every thread when it ran alone).
+  // op that does not scale could be spread over every thread when it ran alone). The margin is
+  // far above the fit's rounding, which grows with the thread counts, and far below a real gain.
   for (int p = 2; p <= max_threads_; ++p)
-    if (fit.predict(p) < fit.predict(best) * (1.0 - 1e-9)) best = p;
+    if (fit.predict(p) < fit.predict(best) * (1.0 - 1e-6)) best = p;
   return best;
 }
 

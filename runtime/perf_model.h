@@ -98,8 +98,9 @@ class PerfModel {
 };
 
 // Where quiver-train keeps profiles: $QUIVER_PROFILE_CACHE, else $XDG_CACHE_HOME/quiver or
-// ~/.cache/quiver, file profiles-<cpu>.json (cpu_file_tag of this CPU's model, so hosts of
-// different CPUs sharing one home directory keep a file each instead of overwriting one);
+// ~/.cache/quiver, file profiles-<cpu>-<build type>.json (cpu_file_tag of this CPU's model and of
+// PerfModel::build_flavor(), "unknown" without a CMAKE_BUILD_TYPE: hosts of different CPUs sharing
+// one home directory, and debug and release builds, keep a file each instead of overwriting one);
 // "" when none of these is set.
 std::string default_profile_cache();
 // A CPU model name as a file-name part: lower-case letters and digits, other runs as one '-', at

@@ -213,6 +213,23 @@ TEST(Checkpoint, ASaveBetweenSyncsHoldsTheProgressOfTheLastSync) {
   from_cut.load(path);
   EXPECT_EQ(from_cut.rounds_done(), 4);
   EXPECT_EQ(from_cut.epoch_samples_done(), 4 * 2 * 8);
+  // fit() after rounds of round() alone folds them in first: its epoch starts with z holding every
+  // round, so a save before its first sync holds those rounds (and none of the epoch's samples).
+  TrainOptions every_round = every_six;
+  every_round.eval_every = 2;  // batches: after each round of 2
+  LearnerGroup first_round(models::mlp(), every_round, period);
+  for (int round = 0; round < 2; ++round) first_round.round(data.images.data(), data.labels.data());  // 1, 2: local
+  bool saved_once = false;
+  first_round.on_evaluation([&](const Evaluation&) {
+    if (!saved_once) first_round.save(path), saved_once = true;  // after round 3: local
+    return true;
+  });
+  first_round.fit(train, &train, 1);
+  ASSERT_TRUE(saved_once);
+  LearnerGroup from_first(models::mlp(), recipe(), period);
+  from_first.load(path);
+  EXPECT_EQ(from_first.rounds_done(), 2);
+  EXPECT_EQ(from_first.epoch_samples_done(), 0);
   std::filesystem::remove(path);
 }
 
