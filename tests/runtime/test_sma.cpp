@@ -62,6 +62,14 @@ TEST(Sma, MatchesAHandComputedTwoLearnerExample) {
   expect_values(w2, {1.175f, 1.575f, 3.3f}, "w2 after round 2");
   sma.reset_replicas(params2);
   expect_values(w1, {1.0f, 1.65f, 3.35f}, "w1 after reset");
+  expect_values(w2, {1.0f, 1.65f, 3.35f}, "w2 after reset");
+  // The reset cleared z's momentum: a round without local movement leaves z where it is (with
+  // the last move (0, -0.1, 0.1) kept it would go on by 0.9 of it).
+  Tensor u1 = copy_of(w1), u2 = copy_of(w2);
+  std::vector<Tensor> snapshots3{u1, u2};
+  sma.round(params2, snapshots3);
+  expect_values(z, {1.0f, 1.65f, 3.35f}, "z after a still round");
+  expect_values(w1, {1.0f, 1.65f, 3.35f}, "w1 after a still round");
 }
 
 // The path CPU training takes after momentum SGD: each snapshot recovered as s_j = w_j - v_j.
@@ -203,6 +211,25 @@ TEST(Sma, RejectsBadOptions) {
   Tensor w = flat({1, 2, 3});
   std::vector<Tensor> params{w, w}, snapshots{w};
   EXPECT_THROW(sma.round(params, snapshots), Error);
+  // The right number of buffers, one of the wrong size: refused before anything is read past it.
+  Tensor good = flat({1, 2}), good_too = flat({1, 2});
+  auto error_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  std::vector<Tensor> one_long{good, w}, two_good{good, good_too};
+  EXPECT_NE(error_of([&] { sma.round(one_long, two_good); }).find("learner 1 has 3 parameters"), std::string::npos)
+      << error_of([&] { sma.round(one_long, two_good); });
+  EXPECT_NE(error_of([&] { sma.round(two_good, one_long); }).find("a snapshot of 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { sma.round_after_sgd(one_long, two_good, SerialContext()); }).find("learner 1 has 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sma.round_after_sgd(two_good, one_long, SerialContext()); }).find("3 velocities"),
+            std::string::npos);
+  expect_values(z, {1.0f, 2.0f}, "z after refused rounds");
 }
 
 // Bounded staleness: each learner absorbs its correction into z as it arrives, against z as the
@@ -237,6 +264,57 @@ TEST(Sma, AbsorbMatchesAHandComputedExample) {
   EXPECT_THROW(sma.absorb(0, flat({1, 2}), flat({1, 2}), false, SerialContext()), Error);
   SmaSync synchronous(z, 2, SmaOptions{0.5, 0.0});
   EXPECT_THROW(synchronous.absorb(0, z, z, false, SerialContext()), Error);  // not made for absorbing
+}
+
+// What an absorbing SmaSync carries between turns (z's last move, and what z absorbed since
+// learner 0's last turn): a group rebuilt for another learner count goes on with both
+// (continue_from), a learning-rate drop clears both (reset_replicas).
+TEST(Sma, AContinuationKeepsAndAResetClearsWhatAbsorbingCarries) {
+  // Three turns of the example above leave a last move and an absorbed correction behind.
+  auto after_three_turns = [](Tensor z, Tensor w1, Tensor w2) {
+    auto sma = std::make_unique<SmaSync>(z, 2, SmaOptions{0.5, 0.9}, /*absorbing=*/true);
+    sma->absorb(0, w1, flat({0.5f, 2.5f, 3.0f}), false, SerialContext());
+    sma->absorb(1, w2, flat({1.5f, 1.0f, 3.5f}), false, SerialContext());
+    sma->absorb(0, w1, copy_of(w1), false, SerialContext());
+    return sma;
+  };
+  // Two more still turns (w = s), learner 1 then learner 0 (whose turn applies z's momentum).
+  auto two_still_turns = [](SmaSync& sma, const Tensor& w1, const Tensor& w2) {
+    sma.absorb(1, w2, copy_of(w2), false, SerialContext());
+    sma.absorb(0, w1, copy_of(w1), false, SerialContext());
+  };
+  Tensor z = flat({1, 2, 3}), w1 = flat({0.4f, 2.6f, 2.9f}), w2 = flat({1.6f, 0.9f, 3.6f});
+  std::unique_ptr<SmaSync> sma = after_three_turns(z, w1, w2);
+  // The rebuilt group's SmaSync over copies of the same buffers, continued from the first.
+  Tensor z_next = copy_of(z), w1_next = copy_of(w1), w2_next = copy_of(w2);
+  SmaSync next(z_next, 2, SmaOptions{0.5, 0.9}, true);
+  next.continue_from(*sma);
+  // One made at the same z without continuing, to show that the carried state matters here.
+  Tensor z_fresh = copy_of(z), w1_fresh = copy_of(w1), w2_fresh = copy_of(w2);
+  SmaSync fresh(z_fresh, 2, SmaOptions{0.5, 0.9}, true);
+  two_still_turns(*sma, w1, w2);
+  two_still_turns(next, w1_next, w2_next);
+  two_still_turns(fresh, w1_fresh, w2_fresh);
+  double fresh_differs = 0.0;
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(z_next.f32()[i], z.f32()[i]) << "z[" << i << "]";
+    EXPECT_EQ(w1_next.f32()[i], w1.f32()[i]) << "w1[" << i << "]";
+    EXPECT_EQ(w2_next.f32()[i], w2.f32()[i]) << "w2[" << i << "]";
+    fresh_differs += std::abs(z_fresh.f32()[i] - z.f32()[i]);
+  }
+  EXPECT_GT(fresh_differs, 1e-3);
+
+  // A reset: every replica becomes z, and still turns leave z where it is.
+  Tensor z_reset = flat({1, 2, 3}), w1_reset = flat({0.4f, 2.6f, 2.9f}), w2_reset = flat({1.6f, 0.9f, 3.6f});
+  std::unique_ptr<SmaSync> reset = after_three_turns(z_reset, w1_reset, w2_reset);
+  std::vector<Tensor> replicas{w1_reset, w2_reset};
+  reset->reset_replicas(replicas);
+  const Tensor at_reset = copy_of(z_reset);
+  two_still_turns(*reset, w1_reset, w2_reset);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(z_reset.f32()[i], at_reset.f32()[i]) << "z[" << i << "] after a reset";
+    EXPECT_EQ(w1_reset.f32()[i], at_reset.f32()[i]) << "w1[" << i << "] after a reset";
+  }
 }
 
 }  // namespace
