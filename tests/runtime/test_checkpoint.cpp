@@ -443,6 +443,17 @@ TEST(Checkpoint, CorruptTruncatedAndForeignFilesAreRejectedClearly) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(diverged.data() + 4 * 5, &nan, sizeof(nan));
   expect_rejected(crafted(header, diverged), "parameter value 5 is nan");
+  // A header of another layout under a valid checksum: a parameter renamed, or two extents of a
+  // weight swapped (the same flat size), is another model's file, refused by name.
+  expect_rejected(crafted(edited("\"name\":\"fc1/weight\"", "\"name\":\"fc9/weight\""), data),
+                  "its parameters (names, shapes, layout) differ from model 'mlp'");
+  expect_rejected(crafted(edited("[784,512]", "[512,784]"), data),
+                  "its parameters (names, shapes, layout) differ from model 'mlp'");
+  // Values of the wrong length under a valid checksum: refused by the size, not read past the
+  // file's end. A cut file fails its checksum first, as such.
+  expect_rejected(crafted(header, data.substr(4)), "truncated or the wrong size");
+  expect_rejected(crafted(header, data + std::string(4, '\0')), "truncated or the wrong size");
+  expect_rejected(bytes.substr(0, bytes.size() - 100), "checksum mismatch (the file is corrupted or truncated)");
   // A damaged header length is damage, not a short file.
   std::string long_header = bytes;
   long_header[magic + 3] = static_cast<char>(0x7f);
