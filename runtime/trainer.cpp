@@ -128,6 +128,11 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
   const int64_t available = options_.device.is_cpu() ? available_memory_bytes() : -1;
   train_graph_ = build_graph(options_.batch, true, &logits_, &loss_, &probs_);
   eval_graph_ = build_graph(options_.eval_batch, false, &eval_logits_, nullptr, nullptr);
+  // A first check from the graphs' shapes, before anything is allocated: the parameters, their
+  // gradients, the optimizer's state and both graphs' inputs are zeroed (touched) as they are
+  // made, so a model whose share of them alone does not fit would meet the out-of-memory killer
+  // before the full estimate below.
+  if (options_.device.is_cpu()) check_fits(available, shape_bytes(), "at least");
   store_ = std::make_unique<ParamStore>(train_graph_, options_.device);
   store_->initialize(options_.seed);
   PlanOptions plan_options;
@@ -163,13 +168,38 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
     train_plan_->set_trace(trace_.get());
   }
   // Refused now rather than by the kernel's out-of-memory killer once the plans' pages are touched.
-  if (options_.device.is_cpu()) {
-    const int64_t have = memory_budget(available, options_.memory_limit), need = memory_bytes() + fed_bytes();
-    if (have > 0 && need > have)
-      throw Error(cat("model '", model_.name, "' at batch ", options_.batch, " needs about ", need >> 20,
-                      " MiB of memory, only ", have >> 20, " MiB are ",
-                      have == options_.memory_limit ? "allowed (memory limit)" : "available", " (a smaller batch)"));
-  }
+  if (options_.device.is_cpu()) check_fits(available, memory_bytes() + fed_bytes(), "about");
+}
+
+int64_t Trainer::parameter_bytes() const {
+  int64_t count = 0;
+  for (const ValueInfo& info : train_graph_.values())
+    if (info.role == ValueRole::Parameter) count += info.shape.numel();
+  const int64_t states = options_.optimizer == "adam" ? 2 : 1;
+  return (2 + states) * count * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Trainer::shape_bytes() const {
+  int64_t bytes = parameter_bytes() + fed_bytes();
+  for (const Graph* graph : {&train_graph_, &eval_graph_})
+    for (const ValueInfo& info : graph->values())
+      if (info.role == ValueRole::Input) bytes += info.shape.numel() * size_of(info.dtype);
+  return bytes;
+}
+
+void Trainer::check_fits(int64_t available, int64_t need, const char* estimate) const {
+  const int64_t have = memory_budget(available, options_.memory_limit);
+  if (have <= 0 || need <= have) return;
+  // What would make it fit: the batch, unless the parameters with their gradients and the
+  // optimizer's state are most of it.
+  const int64_t parameters = parameter_bytes();
+  const std::string advice =
+      2 * parameters > need ? cat("its parameters, their gradients and the optimizer's state alone take ",
+                                  parameters >> 20, " MiB")
+                            : std::string("a smaller batch");
+  throw Error(cat("model '", model_.name, "' at batch ", options_.batch, " needs ", estimate, " ", need >> 20,
+                  " MiB of memory, only ", have >> 20, " MiB are ",
+                  have == options_.memory_limit ? "allowed (memory limit)" : "available", " (", advice, ")"));
 }
 
 Trainer::~Trainer() = default;

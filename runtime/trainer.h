@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"  // what every call here throws: quiver::Error
 #include "core/nn.h"
 #include "runtime/executor.h"
 #include "runtime/fashion_mnist.h"
@@ -227,6 +228,12 @@ class Trainer {
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);
+  // From the training graph's shapes: the parameters, their gradients and the optimizer's state.
+  int64_t parameter_bytes() const;
+  // What is touched before the plans exist: parameter_bytes(), both graphs' inputs and fed_bytes().
+  int64_t shape_bytes() const;
+  // Refuses `need` bytes (an `estimate`: "at least", "about") beyond the budget from `available`.
+  void check_fits(int64_t available, int64_t need, const char* estimate) const;
   // `tensor`'s values on the host: its own memory on the CPU, else a copy into `buffer`.
   const float* on_host(const Plan& plan, const Tensor& tensor, std::vector<float>& buffer) const;
 

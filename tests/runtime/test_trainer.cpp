@@ -267,10 +267,44 @@ TEST(Trainer, AModelThatDoesNotFitItsMemoryIsRefused) {
     FAIL() << "a footprint of " << too_big.memory_bytes() << " bytes passed a limit of " << options.memory_limit;
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("model 'cnn' at batch 16 needs about "), std::string::npos) << error.what();
-    EXPECT_NE(std::string(error.what()).find("are allowed (memory limit)"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("are allowed (memory limit) (a smaller batch)"), std::string::npos)
+        << error.what();
   }
   options.memory_limit = -1;
   EXPECT_THROW(Trainer(models::cnn(), options), Error);
+}
+
+// A model whose parameters, their gradients and the optimizer's state alone exceed the budget is
+// refused from its graph's shapes, before they are allocated and zeroed (the full estimate needs
+// the plans, made after them), and the advice names the parameters, not the batch.
+TEST(Trainer, AModelWhoseParametersDoNotFitIsRefusedBeforeTheyAreAllocated) {
+  auto wide = std::make_shared<Sequential>();
+  wide->add<Linear>("fc1", LinearOptions(784, 4096)).add<ReLU>("relu").add<Linear>("fc2", LinearOptions(4096, 10));
+  const ModelSpec model{"wide", Shape{784}, [wide](GraphBuilder& b, Value x) { return wide->forward(b, x); }};
+  TrainOptions options;
+  options.batch = 1;
+  options.memory_limit = int64_t{16} << 20;  // 3.25M parameters: 37 MiB with gradients and momentum
+  auto refusal = [&] {
+    try {
+      Trainer too_big(model, options);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string message = refusal();
+  EXPECT_NE(message.find("model 'wide' at batch 1 needs at least "), std::string::npos) << message;
+  EXPECT_NE(message.find("only 16 MiB are allowed (memory limit) (its parameters, their gradients and the "
+                         "optimizer's state alone take 37 MiB)"),
+            std::string::npos)
+      << message;
+  options.optimizer = "adam";  // two moments: 49 MiB
+  options.memory_limit = int64_t{48} << 20;
+  message = refusal();
+  EXPECT_NE(message.find("needs at least "), std::string::npos) << message;
+  EXPECT_NE(message.find("state alone take 49 MiB)"), std::string::npos) << message;
+  options.memory_limit = int64_t{256} << 20;
+  EXPECT_NO_THROW(Trainer(model, options));
 }
 
 // The memory a cgroup (a container, a CI job) still allows, from fake cgroup v1 and v2 trees:
