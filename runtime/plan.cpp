@@ -119,6 +119,17 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
   bind_values(store);
   plan_activations(fetches);
   choose_kernels(options);
+  // What tensor() hands out: values whose tensors hold them after run(). An activation that is
+  // not fetched shares its buffer with later ones; a gradient that no step computes holds
+  // whatever the store's buffer held.
+  std::vector<bool> in_plan(graph_.nodes().size(), false);
+  for (const PlanStep& step : steps_) in_plan[static_cast<size_t>(step.node)] = true;
+  readable_.assign(graph_.values().size(), false);
+  for (const ValueInfo& info : graph_.values())
+    readable_[static_cast<size_t>(info.id)] =
+        info.role != ValueRole::Activation &&
+        (info.role != ValueRole::ParamGrad || info.producer < 0 || in_plan[static_cast<size_t>(info.producer)]);
+  for (Value fetch : fetches) readable_[static_cast<size_t>(fetch.id)] = true;
 }
 
 Plan::~Plan() {
@@ -274,8 +285,12 @@ const Tensor& Plan::input(const std::string& name) const {
 const Tensor& Plan::tensor(Value value) const {
   const ValueId id = graph_.id_of(value, "plan: tensor");
   const Tensor& tensor = tensors_[static_cast<size_t>(id)];
-  if (!tensor.defined())
-    throw Error(cat("value '", graph_.value(id).name, "' is not computed by this plan"));
+  const ValueInfo& info = graph_.value(id);
+  if (!tensor.defined() || (info.role == ValueRole::ParamGrad && !readable_[static_cast<size_t>(id)]))
+    throw Error(cat("value '", info.name, "' is not computed by this plan (fetch it when the plan is made)"));
+  if (!readable_[static_cast<size_t>(id)])
+    throw Error(cat("value '", info.name, "' is not kept by this plan: its buffer is reused within a run ",
+                    "(fetch it when the plan is made to read it)"));
   return tensor;
 }
 

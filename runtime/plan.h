@@ -64,7 +64,10 @@ class Plan {
   // The tensor to fill before run() for the input named `name`.
   const Tensor& input(const std::string& name) const;
   bool has_input(const std::string& name) const;
-  // A value's tensor; meaningful after run() for fetched values, parameters and gradients.
+  // A value's tensor, to read after run() (or fill before it): an input, a parameter, optimizer
+  // state, a fetched value, or a gradient the plan computes. Another value is refused: an
+  // activation not fetched shares its buffer with later ones, a gradient no step computes (no
+  // optimizer reads it and it is not fetched) holds nothing of this plan's.
   const Tensor& tensor(Value value) const;
   void run();
   Device device() const { return device_; }
@@ -116,6 +119,7 @@ class Plan {
 
   const Graph graph_;  // a copy: the builder's graph may change or go; its handles work on this one
   std::vector<Tensor> tensors_;  // by value id
+  std::vector<bool> readable_;   // by value id: what tensor() hands out
   std::vector<PlanStep> steps_;
   int64_t activation_bytes_ = 0;
   int64_t kernel_bytes_ = 0;

@@ -577,6 +577,38 @@ TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
   EXPECT_NE(error_of([&] { plan->tensor(Value{}); }).find("empty"), std::string::npos);
 }
 
+// tensor() hands out only what holds its value after run(): an activation that is not fetched
+// shares its buffer with later values (here h's buffer is taken by y's), and a gradient no step
+// computes (only the loss fetched, no optimizer) would read as the store's zeros.
+TEST(Plan, ReadsOnlyWhatItKeeps) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{1, 4});
+  Value labels = b.input("labels", Shape{1}, DType::I32);
+  Value w = b.parameter("w", Shape{4, 4}, ParamInit::zeros());
+  Value h = b.relu(b.matmul(x, w), "h");
+  Value y = b.tanh(b.relu(h), "y");
+  Value loss = b.softmax_cross_entropy(y, labels, "loss");
+  build_backward(b, loss);
+  const Value grad{b.graph().params()[0].grad};
+  ParamStore store(b.graph());
+  Plan plan(b.graph(), store, {loss});
+  plan.run();
+  EXPECT_NE(error_of([&] { plan.tensor(h); }).find("value 'h' is not kept by this plan"), std::string::npos)
+      << error_of([&] { plan.tensor(h); });
+  EXPECT_NE(error_of([&] { plan.tensor(grad); }).find("is not computed by this plan (fetch it"), std::string::npos)
+      << error_of([&] { plan.tensor(grad); });
+  // What it keeps: inputs, parameters and fetched values; a gradient it computes, once fetched.
+  EXPECT_EQ(plan.tensor(x).numel(), 4);
+  EXPECT_EQ(plan.tensor(labels).numel(), 1);
+  EXPECT_EQ(plan.tensor(w).numel(), 16);
+  EXPECT_TRUE(std::isfinite(plan.tensor(loss).f32()[0]));
+  Plan fetching(b.graph(), store, {loss, h, grad});
+  fetching.input("x").fill(1.0f);
+  fetching.run();
+  EXPECT_EQ(fetching.tensor(h).numel(), 4);
+  EXPECT_EQ(fetching.tensor(grad).numel(), 16);
+}
+
 // A graph made through Graph's own API is checked when it is planned: a node that reads an
 // activation nothing computes, or whose output is not what its op makes of its inputs (a shape
 // changed after inference), is refused naming the node, and so is a parameter's value declared
