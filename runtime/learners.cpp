@@ -559,7 +559,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   };
   if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
   check_samples_fit(model_, train, "training set");
+  check_labels_fit(model_, average_->classes(), train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");
+  if (test) check_labels_fit(model_, average_->classes(), *test, "test set");
   // Rounds run by round() alone (or a fit() that threw) since the last sync are folded in first:
   // every epoch then starts and ends with z holding every round, which a checkpoint saved between
   // syncs relies on. After a fit() that returned there is nothing to fold.

@@ -231,11 +231,16 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
   for (int64_t extent : model_.sample_shape.dims()) dims.push_back(extent);
   Value images = builder.input("images", Shape(dims));
   *logits = model_.build(builder, images);
+  if (!logits->valid()) throw Error(cat("model '", model_.name, "': its build function returned no value (a default Value)"));
   // The trainer feeds "images", and adds "labels", "learning_rate" and "step" itself.
   for (const ValueInfo& info : builder.graph().values())
     if (info.role == ValueRole::Input && info.name != "images")
       throw Error(cat("model '", model_.name, "' declares input '", info.name,
                       "': the trainer feeds 'images' only (and adds 'labels', 'learning_rate' and 'step' itself)"));
+  for (const char* name : {"labels", "learning_rate", "step"})
+    if (builder.graph().has_name(name))
+      throw Error(cat("model '", model_.name, "' names a value '", name,
+                      "': the trainer keeps that name for an input of its own (rename the value)"));
   const Shape& out = builder.shape(*logits);
   if (out.rank() != 2 || out[0] != batch)
     throw Error(cat("model '", model_.name, "' returned logits of shape ", out.str(),
@@ -304,11 +309,21 @@ void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::s
                     data.rows, "x", data.cols));
 }
 
+void check_labels_fit(const ModelSpec& model, int64_t classes, const Dataset& data, const std::string& which) {
+  const int64_t count = std::min<int64_t>(data.count, static_cast<int64_t>(data.labels.size()));
+  for (int64_t i = 0; i < count; ++i)
+    if (data.labels[i] < 0 || data.labels[i] >= classes)
+      throw Error(cat("the ", which, "'s sample ", i, " has label ", data.labels[i], "; model '", model.name,
+                      "' has ", classes, " classes (logits of width ", classes, "), labels 0..", classes - 1));
+}
+
 TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   // Both sets, before the first step: a test set that does not fit would otherwise be found
   // after the first epoch of training.
   check_samples_fit(model_, train, "training set");
+  check_labels_fit(model_, classes(), train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");
+  if (test) check_labels_fit(model_, classes(), *test, "test set");
   BatcherOptions batcher_options;
   batcher_options.batch_size = options_.batch;
   batcher_options.seed = options_.seed;
@@ -392,6 +407,7 @@ double Trainer::evaluate(const Dataset& data) {
   const int64_t features = images.numel() / batch;
   check_samples_fit(model_, data, "evaluation set");
   check_consistent(data, "evaluate");
+  check_labels_fit(model_, classes(), data, "evaluation set");
   const Tensor& logits = plan.tensor(eval_logits_);
   const int64_t classes = logits.shape()[1];
   int64_t correct = 0;

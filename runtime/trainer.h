@@ -161,6 +161,10 @@ struct TrainReport {
 // Throws unless `data`'s samples fit `model` (`which` names the set in the message): as many values
 // as a sample of the model, and for models of images rows x cols as its last two dimensions.
 void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::string& which);
+// Throws unless every label of `data` names one of the `classes` outputs (logits) of `model`:
+// a model narrower than its data's labels is named before training, not at the first batch
+// that happens to hold such a label (nor counted as merely wrong by an evaluation).
+void check_labels_fit(const ModelSpec& model, int64_t classes, const Dataset& data, const std::string& which);
 
 // What epoch `epoch` (from 1) multiplies the learning rate by under `options`' step decay:
 // lr_drop_factor ^ (lr_drop_epochs up to `epoch`).
@@ -203,6 +207,8 @@ class Trainer {
   Plan& train_plan() { return *train_plan_; }
   const Plan& train_plan() const { return *train_plan_; }
   const TrainOptions& options() const { return options_; }
+  // The model's number of classes: the width of its logits.
+  int64_t classes() const { return train_graph_.value(logits_.id).shape[1]; }
   // Bytes this trainer holds: parameters, gradients and optimizer state, both plans' inputs and
   // activations, what their kernels allocated for themselves, and on a device the stream's
   // workspace (workspace_bytes) and its own buffers (ExecContext::resident_bytes). An estimate from what was allocated, touched or not (a plan's

@@ -356,6 +356,17 @@ TEST(Memory, ACgroupLimitIsWhatTheProcessMayStillTake) {
   EXPECT_NE(available_memory_bytes(), 0);
 }
 
+// The message of the quiver::Error `call` throws, or "(no error)".
+template <typename Call>
+std::string error_of(Call&& call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
 // A small labelled set of random images, for fit() without the real data.
 Dataset synthetic(int64_t count, uint32_t seed) {
   Dataset data;
@@ -397,6 +408,68 @@ TEST(Trainer, ATestSetThatDoesNotFitIsRefusedBeforeTraining) {
             std::string::npos);
   EXPECT_NE(refused(models::lstm(), reshaped).find("the test set has samples of 14x56"), std::string::npos);
   EXPECT_EQ(refused(models::mlp(), reshaped), "accepted");  // the MLP takes 784 values in a row
+}
+
+// A model narrower than its data's labels (5 classes, labels 0..9) is named before the first step,
+// by fit() (training or test set), evaluate() and a learner group's fit(), rather than at the
+// first batch holding a label past its logits (or, evaluating, counted as a wrong answer).
+TEST(Trainer, LabelsPastTheModelsClassesAreRefusedBeforeTraining) {
+  auto five = std::make_shared<Sequential>();
+  five->add<Linear>("fc", LinearOptions(784, 5));
+  const ModelSpec model{"five", Shape{784}, [five](GraphBuilder& b, Value x) { return five->forward(b, x); }};
+  Dataset train = synthetic(32, 1), test = synthetic(8, 2);
+  for (int32_t& label : train.labels) label %= 5;
+  for (int32_t& label : test.labels) label %= 5;
+  TrainOptions options;
+  options.batch = 8;
+  options.eval_batch = 8;
+  Trainer trainer(model, options);
+  EXPECT_EQ(trainer.classes(), 5);
+  int steps = 0;
+  trainer.on_progress([&](const Progress&) { ++steps; });
+  Dataset wide_test = test;
+  wide_test.labels[3] = 7;
+  EXPECT_NE(error_of([&] { trainer.fit(train, &wide_test); })
+                .find("the test set's sample 3 has label 7; model 'five' has 5 classes (logits of width 5), labels 0..4"),
+            std::string::npos)
+      << error_of([&] { trainer.fit(train, &wide_test); });
+  Dataset wide_train = train;
+  wide_train.labels[30] = -1;
+  EXPECT_NE(error_of([&] { trainer.fit(wide_train, &test); }).find("the training set's sample 30 has label -1"),
+            std::string::npos);
+  EXPECT_EQ(steps, 0) << "refused only after training";
+  EXPECT_NE(error_of([&] { trainer.evaluate(wide_test); }).find("the evaluation set's sample 3 has label 7"),
+            std::string::npos);
+  LearnerGroup group(model, options, LearnerOptions{2, 1, SmaOptions{}});
+  EXPECT_NE(error_of([&] { group.fit(wide_train, &test, 1); }).find("the training set's sample 30 has label -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { group.fit(train, &wide_test, 1); }).find("the test set's sample 3 has label 7"),
+            std::string::npos);
+  EXPECT_EQ(group.rounds_done(), 0);
+  EXPECT_NO_THROW(trainer.fit(train, &test));
+}
+
+// A model's mistakes that only the trainer can see are named when the trainer is made: a value
+// named like one of the trainer's own inputs (the builder would say "defined twice" of an input
+// the model never declared), and a build function that returns no value.
+TEST(Trainer, AModelsClashesWithTheTrainerAreNamed) {
+  auto five = std::make_shared<Sequential>();
+  five->add<Linear>("fc", LinearOptions(784, 5));
+  TrainOptions options;
+  options.batch = 8;
+  const ModelSpec clashing{"clashing", Shape{784}, [five](GraphBuilder& b, Value x) {
+                             b.parameter("learning_rate", Shape{1}, ParamInit::zeros());
+                             return five->forward(b, x);
+                           }};
+  EXPECT_NE(error_of([&] { Trainer t(clashing, options); })
+                .find("model 'clashing' names a value 'learning_rate': the trainer keeps that name for an input of its own"),
+            std::string::npos)
+      << error_of([&] { Trainer t(clashing, options); });
+  const ModelSpec empty{"empty", Shape{784}, [](GraphBuilder&, Value) { return Value{}; }};
+  EXPECT_NE(error_of([&] { Trainer t(empty, options); })
+                .find("model 'empty': its build function returned no value (a default Value)"),
+            std::string::npos)
+      << error_of([&] { Trainer t(empty, options); });
 }
 
 // A serial fit() of batch 4 (10 batches an epoch of synthetic(40, ...)) for the callbacks' tests.
