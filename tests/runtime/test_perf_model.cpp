@@ -115,6 +115,10 @@ TEST(PerfModel, GrantIsTheFewestThreadsNearTheBest) {
   // Within 5% of T(8) = 1.1e-3: 8e-3/p <= 1.155e-3 - 1e-4 needs p >= 7.6.
   EXPECT_EQ(model.grant("scales", 0.05), 8);
   EXPECT_EQ(model.grant("scales", 0.5), 6);  // T(6) = 1.433e-3 <= 1.65e-3 < T(5)
+  // Or within `slack` seconds of it, where that is more (a short op's few microseconds are not
+  // worth a thread): within 1 ms of 1.1e-3, 8e-3/p <= 2e-3 gives 4; a slack below 5% gives 8.
+  EXPECT_EQ(model.grant("scales", 0.05, 1e-3), 4);
+  EXPECT_EQ(model.grant("scales", 0.05, 1e-5), 8);
   EXPECT_EQ(model.fastest("saturates"), 2);
   EXPECT_EQ(model.grant("serial", 0.05), 1);
   EXPECT_THROW(model.predict("unknown", 1), Error);
