@@ -774,6 +774,31 @@ TEST(Learners, AResizeCarriesTheStepCountWithTheOptimizerState) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
 }
 
+// Which predecessor's optimizer state each new replica takes: replica j takes old learner
+// j mod k's, bit for bit (2 -> 2 keeps each its own, 2 -> 3 gives the third learner 0's). The two
+// learners trained on different batches, so their momenta differ and a wrong mapping shows.
+TEST(Learners, AResizeGivesEachReplicaItsPredecessorsMomentum) {
+  Batches data(2 * 8, 41);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  for (int round = 0; round < 3; ++round) group.round(data.images.data(), data.labels.data());
+  std::vector<std::vector<float>> before;
+  for (int j = 0; j < 2; ++j) {
+    const Tensor& v = group.replica(j).flat_state("velocity");
+    before.emplace_back(v.f32(), v.f32() + v.numel());
+  }
+  ASSERT_NE(before[0], before[1]) << "the learners' momenta must differ for this test to tell them apart";
+  group.resize(2, 1);
+  for (int j = 0; j < 2; ++j) {
+    const Tensor& v = group.replica(j).flat_state("velocity");
+    EXPECT_EQ(std::vector<float>(v.f32(), v.f32() + v.numel()), before[j]) << "replica " << j << " after 2 -> 2";
+  }
+  group.resize(3, 1);
+  for (int j = 0; j < 3; ++j) {
+    const Tensor& v = group.replica(j).flat_state("velocity");
+    EXPECT_EQ(std::vector<float>(v.f32(), v.f32() + v.numel()), before[j % 2]) << "replica " << j << " after 2 -> 3";
+  }
+}
+
 // z keeps its momentum through a resize too. Every replica restarts from z, so the first round
 // after it corrects nothing (s_j = z): z's move that round is mu_z times its last, where a z
 // that had restarted from rest would not move at all.
