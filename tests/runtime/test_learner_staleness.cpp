@@ -1,9 +1,10 @@
-// Bounded staleness (LearnerOptions::staleness): the clock gate (CpuStream::wait_at_most), one
-// learner equal to synchronous SMA, learners rounds apart converging, the options checked, and
-// errors surfacing at a later round without leaving a batch in use. Synchronous learners:
-// test_learners.cpp.
+// Bounded staleness (LearnerOptions::staleness): the clock gate (CpuStream::wait_at_most) and the
+// bound it keeps a slow learner to, one learner equal to synchronous SMA, learners rounds apart
+// converging, the options checked, and errors surfacing at a later round without leaving a batch
+// in use. Synchronous learners: test_learners.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -12,6 +13,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/op.h"
+#include "ops/kernel_util.h"
 #include "models/models.h"
 #include "runtime/cpu_stream.h"
 #include "runtime/learners.h"
@@ -53,6 +56,59 @@ TEST(CpuStream, WaitAtMostReturnsOnceFewEnoughAreLeft) {
   stream.submit([] { throw Error("deliberate"); });
   stream.submit([] {});
   EXPECT_THROW(stream.wait_at_most(0), Error);
+}
+
+// An identity op that, off the thread that called round() (learner 0 runs its steps there, the
+// others on their streams' threads), waits until the test opens `latch`: learner 1 is held still.
+std::atomic<std::thread::id> caller_thread{};
+std::shared_future<void> latch;
+const bool registered_latched_op = [] {
+  OpDef def;
+  def.kind = "test_latched_off_the_caller";
+  def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
+  def.kernels.push_back(cpu_kernel("reference", [](const KernelCall& call) {
+    if (std::this_thread::get_id() != caller_thread.load()) latch.wait();
+    call.outputs[0].copy_from(call.inputs[0]);
+  }));
+  return register_op(std::move(def));
+}();
+
+// The bound itself: with learner 1 held still in its first step, round() returns s times at
+// bound s (learner 1 then has s rounds' work pending, the most the bound allows) and the next
+// blocks until learner 1 moves on; at s = 0 the first round blocks. A correct gate passes however
+// slow the host; only a broken one could slip past the wait before counting unnoticed.
+TEST(Learners, NoLearnerFallsMoreThanTheBoundBehind) {
+  ModelSpec held = models::mlp();
+  held.name = "held mlp";
+  held.build = [mlp = models::mlp().build](GraphBuilder& b, Value x) {
+    return mlp(b, b.apply("test_latched_off_the_caller", {x}, {}, "latched")[0]);
+  };
+  Batches data(2 * 8, 43);
+  for (int staleness : {0, 1, 3}) {
+    SCOPED_TRACE(staleness);
+    LearnerGroup group(held, recipe(), stale(2, staleness));
+    std::promise<void> open;
+    latch = open.get_future().share();
+    std::atomic<int> returned{0};
+    std::thread driver([&] {
+      caller_thread = std::this_thread::get_id();
+      for (int round = 0; round < staleness + 3; ++round) {
+        group.round(data.images.data(), data.labels.data());
+        ++returned;
+      }
+    });
+    // The s rounds the bound lets through (each one learner 0's step: seconds under a sanitizer),
+    // then time for a broken gate to let another through.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (returned.load() < staleness && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(returned.load(), staleness) << "rounds returned while learner 1 was held in its first step";
+    open.set_value();
+    driver.join();
+    EXPECT_EQ(returned.load(), staleness + 3);
+    EXPECT_EQ(group.rounds_done(), staleness + 3);
+  }
 }
 
 // One learner has nobody to be stale against: with a staleness bound its corrections and z's
