@@ -54,6 +54,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMeasurementsKept = 32;
 constexpr size_t kCandidates = 4;  // auto's candidate schedules: model, intra, narrow, serial
+constexpr int kIntraSchedule = 1;   // the baseline another schedule must beat
 constexpr int kSerialSchedule = 3;  // the one of width 1
 constexpr size_t kTrialBlocks = 3;  // a trial: at most 3 blocks, until two agree
 
@@ -653,24 +654,12 @@ void Executor::run() {
     ++trial_run_;
     if (trial_run_ % (kCandidates * trial_stint()) == 0 && trial_run_ >= trial_steps_per_block() &&
         trial_time_ >= options_.trial_seconds) {
-      // intra is the baseline to beat: another schedule must be faster by a margin larger
-      // than the trial's noise, or this block's verdict is intra.
-      constexpr int kIntra = 1;
-      constexpr double kMargin = 0.03;
-      int verdict = kIntra;
-      for (int c = 0; c < static_cast<int>(candidate_grants_.size()); ++c)
-        if (c != kIntra && median_of(trial_seconds_[c]) < (1.0 - kMargin) * median_of(trial_seconds_[kIntra]) &&
-            median_of(trial_seconds_[c]) < median_of(trial_seconds_[verdict]))
-          verdict = c;
-      verdicts_.push_back(verdict);
-      // A choice takes two blocks that agree (a slow phase of a shared host lasts long enough to
-      // decide one block on its own): blocks 1 and 2, or block 3 with one of them; else intra.
-      const size_t blocks = verdicts_.size();
-      int agreed = -1;
-      for (size_t b = 0; b + 1 < blocks; ++b)
-        if (verdicts_[b] == verdict) agreed = verdict;
-      if (agreed >= 0 || blocks == kTrialBlocks) {
-        chosen_ = agreed >= 0 ? agreed : kIntra;
+      std::vector<double> medians;
+      for (size_t c = 0; c < candidate_grants_.size(); ++c) medians.push_back(median_of(trial_seconds_[c]));
+      verdicts_.push_back(trial_block_verdict(medians));
+      const int choice = trial_choice(verdicts_, kTrialBlocks);
+      if (choice >= 0) {
+        chosen_ = choice;
         use_schedule(chosen_);
         chosen_grants_ = grants_;  // as the trial ran them (a refreshed model's grants wait for the next)
         tuned_ = true;
@@ -684,6 +673,28 @@ void Executor::run() {
       }
     }
   }
+}
+
+int trial_block_verdict(const std::vector<double>& medians) {
+  // intra is the baseline to beat: another schedule must be faster by a margin larger than the
+  // trial's noise.
+  constexpr double kMargin = 0.03;
+  if (medians.size() <= kIntraSchedule)
+    throw Error(cat("executor: a trial of ", medians.size(), " candidates has no intra"));
+  int verdict = kIntraSchedule;
+  for (int c = 0; c < static_cast<int>(medians.size()); ++c)
+    if (c != kIntraSchedule && medians[c] < (1.0 - kMargin) * medians[kIntraSchedule] && medians[c] < medians[verdict])
+      verdict = c;
+  return verdict;
+}
+
+int trial_choice(const std::vector<int>& verdicts, size_t most_blocks) {
+  // A choice takes two blocks that agree (a slow phase of a shared host lasts long enough to
+  // decide one block on its own): blocks 1 and 2, or block 3 with one of them; else intra.
+  if (verdicts.empty()) return -1;
+  for (size_t b = 0; b + 1 < verdicts.size(); ++b)
+    if (verdicts[b] == verdicts.back()) return verdicts.back();
+  return verdicts.size() >= most_blocks ? kIntraSchedule : -1;
 }
 
 std::vector<std::string> Executor::trial_verdicts() const {

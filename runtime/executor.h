@@ -104,6 +104,14 @@ struct ExecutorTuning {
   std::vector<int> verdicts;                       // the choice's blocks
 };
 
+// The auto trial's rules, for its candidates numbered as ExecutorTuning::schedule (intra is 1).
+// A block's verdict from each candidate's median step time in it: the fastest candidate that beats
+// intra by more than 3% of intra's time (more than a trial's noise), else intra.
+int trial_block_verdict(const std::vector<double>& medians);
+// The choice after the blocks' verdicts so far: the latest verdict when an earlier block agrees
+// with it, intra once `most_blocks` have run without two agreeing, else -1 (another block).
+int trial_choice(const std::vector<int>& verdicts, size_t most_blocks);
+
 class Executor {
  public:
   Executor(Plan& plan, ExecutorOptions options);

@@ -525,6 +525,25 @@ TEST(PerfModel, AutoTimesEachCandidatesStintAfterItsFirstStep) {
   }
 }
 
+// The trial's rules on fixed medians (candidates model, intra, narrow, serial): a block's verdict
+// is the fastest candidate beating intra by more than 3%, else intra; the trial settles
+// once a later block agrees with an earlier one, and on intra after its last block otherwise.
+TEST(PerfModel, TheTrialsVerdictAndChoiceFollowTheirRules) {
+  EXPECT_EQ(trial_block_verdict({0.9, 1.0, 0.8, 0.99}), 2);   // narrow, the fastest
+  EXPECT_EQ(trial_block_verdict({0.9, 1.0, 0.95, 0.99}), 0);  // model
+  EXPECT_EQ(trial_block_verdict({0.98, 1.0, 0.975, 1.2}), 1);  // within the margin: intra
+  EXPECT_EQ(trial_block_verdict({1.1, 1.0, 1.2, 0.96}), 3);   // serial, 4% faster
+  EXPECT_THROW(trial_block_verdict({1.0}), Error);
+  EXPECT_EQ(trial_choice({}, 3), -1);
+  EXPECT_EQ(trial_choice({2}, 3), -1);        // one block decides nothing
+  EXPECT_EQ(trial_choice({2, 2}, 3), 2);      // two that agree
+  EXPECT_EQ(trial_choice({2, 0}, 3), -1);     // a third block
+  EXPECT_EQ(trial_choice({2, 0, 2}, 3), 2);   // the third agrees with the first
+  EXPECT_EQ(trial_choice({2, 0, 0}, 3), 0);   // or with the second
+  EXPECT_EQ(trial_choice({2, 0, 3}, 3), 1);   // three that disagree: intra
+  EXPECT_EQ(trial_choice({1, 1}, 3), 1);
+}
+
 // auto tries its candidate schedules again once it has run the chosen one for retrial_seconds (a
 // shared host's speed changes in phases); with 0 it never does.
 TEST(PerfModel, AutoTriesTheSchedulesAgainAfterItsPeriod) {
