@@ -80,6 +80,11 @@ std::vector<std::string> OpRegistry::orphan_kernel_kinds() const {
 const OpDef& OpRegistry::get(const std::string& kind) const {
   for (const OpDef& def : defs_)
     if (def.kind == kind) return def;
+  // No ops at all: the library's op files were dropped at link time (a static library linked
+  // without --whole-archive keeps only the objects something calls).
+  if (defs_.empty())
+    throw Error(cat("unknown op '", kind, "': no op is registered (link the library whole: the CMake target ",
+                    "quiver::quiver does, a plain libquiver.a does not)"));
   throw Error(cat("unknown op '", kind, "'"));
 }
 

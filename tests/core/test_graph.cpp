@@ -577,6 +577,15 @@ TEST(Plan, OutlivesItsBuilderAndIgnoresWhatIsAddedLater) {
   EXPECT_NE(error_of([&] { plan->tensor(Value{}); }).find("empty"), std::string::npos);
 }
 
+// An unknown op is named; a registry with no op at all (a program that linked libquiver.a without
+// --whole-archive, so no op file's registration ran) says how to link instead.
+TEST(OpRegistry, AnUnknownOpIsNamedAndAnEmptyRegistrySaysWhy) {
+  EXPECT_EQ(error_of([] { OpRegistry::global().get("no_such_op"); }), "unknown op 'no_such_op'");
+  const OpRegistry empty;
+  EXPECT_NE(error_of([&] { empty.get("matmul"); }).find("unknown op 'matmul': no op is registered (link the library whole"),
+            std::string::npos);
+}
+
 // tensor() hands out only what holds its value after run(): an activation that is not fetched
 // shares its buffer with later values (here h's buffer is taken by y's), and a gradient no step
 // computes (only the loss fetched, no optimizer) would read as the store's zeros.
