@@ -19,7 +19,7 @@ void LearnerGroup::save(const std::string& path) const {
   CheckpointInfo info;
   info.model = model_.name;
   info.rounds = rounds_done_ - unsynced;
-  info.epochs_done = epochs_done_;
+  info.epochs_done = unsynced > 0 ? epochs_done_at_sync_ : epochs_done_;
   info.epoch_samples = unsynced > 0 ? epoch_samples_at_sync_ : epoch_samples_done_;
   info.seed = train_.seed;
   info.seed_known = true;
@@ -49,9 +49,8 @@ void LearnerGroup::load(const std::string& path) {
   }
   average_stale_ = false;  // z is the checkpoint's now, not the replica's
   if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
-  epochs_done_ = info.epochs_done;
   // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
-  set_epoch_samples(info.epoch_samples);  // build() above left z holding every round: a sync
+  set_epoch_position(info.epochs_done, info.epoch_samples);  // build() above left z holding every round: a sync
   epoch_data_samples_ = info.data_samples;
   if (epoch_samples_done_ > 0 && (!info.seed_known || info.seed != train_.seed)) {
     warn(cat("checkpoint '", path, "' was saved ", epoch_samples_done_, " samples into epoch ", epochs_done_ + 1,

@@ -616,10 +616,14 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     history_.clear();
     if (learners() != tuner_step || threads_per_learner_ != cores) resize(tuner_step, cores);
   }
-  // A round takes one batch per learner from one epoch: an epoch shorter than a round trains nothing.
-  if (per_epoch < learners())
-    throw Error(cat(learners(), " learners of batch ", batch_, " need ", learners() * batch_,
-                    " samples a round; the training set has ", train.count, " (fewer learners or a smaller batch)"));
+  // A round takes one batch per learner from one epoch: an epoch shorter than a round trains
+  // nothing. Checked again at every epoch's start: a callback may have grown the group.
+  auto check_a_round_fits = [&] {
+    if (per_epoch < learners())
+      throw Error(cat(learners(), " learners of batch ", batch_, " need ", learners() * batch_,
+                      " samples a round; the training set has ", train.count, " (fewer learners or a smaller batch)"));
+  };
+  check_a_round_fits();
   // The window being measured: its rounds and samples so far, after a warm-up of `warmup_rounds`.
   int64_t measured_rounds = 0, warmup_rounds = 0;
   int64_t measured_samples = 0;
@@ -671,7 +675,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     Clock::time_point last_report = Clock::now();
     double loss_sum = 0.0;
     int64_t epoch_rounds = 0, epoch_samples = 0;
-    for (batches_in_epoch = epoch == 1 ? resume_batch : 0;
+    check_a_round_fits();
+    bool counted_done = false;  // the epoch's last round has counted it done: nothing more trains in it
+    for (batches_in_epoch = epoch == 1 ? resume_batch : 0; !counted_done &&
          batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds) && keep_going;) {
       const int k = learners();
       while (static_cast<int64_t>(in_flight.size()) > options_.staleness) in_flight.pop_front();
@@ -751,7 +757,12 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           if (!tuned_) start_measuring(change);
         }
       }
-      const bool last = batches_in_epoch + learners() > per_epoch || rounds == max_rounds;
+      // The epoch's last round (no other fits, at the learner count the tuner left) counts it done
+      // at once: a save from a callback, or a fit() that throws from here on, must not leave a cut
+      // epoch of every batch behind (which a resumed run would train again, or a load refuse).
+      counted_done = batches_in_epoch + learners() > per_epoch;
+      if (counted_done) set_epoch_position(epochs_done_ + 1, 0);
+      const bool last = counted_done || rounds == max_rounds;
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
         const double elapsed = clock.training_seconds();
@@ -766,15 +777,13 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     }
     // An epoch is one pass: the per_epoch % k batches a round of k could not take are dropped, so
     // the next epoch starts at its own first batch (they would shift every later epoch).
-    const bool epoch_complete = batches_in_epoch + learners() > per_epoch;
+    const bool epoch_complete = counted_done || batches_in_epoch + learners() > per_epoch;
     if (epoch_complete)
       for (int64_t left = per_epoch - batches_in_epoch; left > 0; --left) batcher.next();
-    if (epoch_complete && epoch_rounds == 0) {
-      // A cut epoch resumed with fewer batches left than a round takes: done, with nothing to
-      // report (no loss, no samples/s), evaluate or save; it still counts as one of `epochs`.
-      ++epochs_done_, set_epoch_samples(0);
-      continue;
-    }
+    // Complete without its last round counting it: a callback between rounds grew the group past
+    // the batches left, or a cut epoch resumed with fewer left than a round takes.
+    if (epoch_complete && !counted_done) set_epoch_position(epochs_done_ + 1, 0);
+    if (epoch_complete && epoch_rounds == 0) continue;  // nothing to report (no loss, no samples/s), evaluate or save
     // Under a sync period an epoch ends holding every step in z: its evaluation, and a checkpoint
     // saved after it, see the local steps since the last sync (one more sync, on the epoch's clock;
     // an evaluation at this batch before it, eval_every's or one that stopped fit(), is redone).
@@ -788,9 +797,9 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     epoch_report.train_accuracy = -1.0;
     epoch_report.samples_per_second = epoch_samples / std::max(epoch_report.seconds, 1e-9);
     report.final_loss = epoch_report.mean_loss;
-    // Counted before the epoch's evaluation, whose callback may save(): its checkpoint holds the
-    // epoch finished (a cut epoch goes on from where it stopped).
-    if (epoch_complete) ++epochs_done_, set_epoch_samples(0);
+    // The epoch was counted done by its last round, before the epoch's evaluation, whose callback
+    // may save(): its checkpoint holds the epoch finished (a cut epoch goes on from where it
+    // stopped).
     if (test) epoch_report.test_accuracy = clock.epoch_end(number, batches_done, keep_going);
     report.epochs.push_back(epoch_report);
     if (epoch_done_ && !clock.off_the_clock([&] { return epoch_done_(epoch_report); })) break;

@@ -303,21 +303,25 @@ class LearnerGroup {
   int64_t last_sync_round_ = 0;  // the last round whose end left z holding every replica's steps
   double lr_factor_ = 1.0;       // set_learning_rate_factor()
   int64_t epoch_samples_done_ = 0;
-  // epoch_samples_done_ as of the last sync (last_sync_round_): what a checkpoint saved between
-  // syncs records with z. Rounds run by round() alone take no samples of fit()'s epoch. (Epochs
-  // end only where z holds every round: fit() starts and ends each epoch with a fold.)
-  int64_t epoch_samples_at_sync_ = 0;
+  // epochs_done_ and epoch_samples_done_ as of the last sync (last_sync_round_): what a checkpoint
+  // saved between syncs records with z. Rounds run by round() alone take no samples of fit()'s
+  // epoch.
+  int64_t epochs_done_at_sync_ = 0, epoch_samples_at_sync_ = 0;
   // z holds every round trained: a sync round, a fold, a rebuild.
   void mark_synced() {
     last_sync_round_ = rounds_done_;
+    epochs_done_at_sync_ = epochs_done_;
     epoch_samples_at_sync_ = epoch_samples_done_;
   }
-  // Sets epoch_samples_done_, and its value at the last sync where z holds every round (fit()
-  // counts a round's samples after round() has returned).
-  void set_epoch_samples(int64_t samples) {
-    epoch_samples_done_ = samples;
-    if (last_sync_round_ == rounds_done_) epoch_samples_at_sync_ = samples;
+  // Sets the position in the data (epochs done, samples of the next one), and its value at the
+  // last sync where z holds every round (fit() counts a round's samples after round() has
+  // returned; an epoch's last round counts the epoch done at once, so that a save from then on
+  // records no cut epoch of a whole epoch's samples).
+  void set_epoch_position(int64_t epochs, int64_t samples) {
+    epochs_done_ = epochs, epoch_samples_done_ = samples;
+    if (last_sync_round_ == rounds_done_) epochs_done_at_sync_ = epochs, epoch_samples_at_sync_ = samples;
   }
+  void set_epoch_samples(int64_t samples) { set_epoch_position(epochs_done_, samples); }
   int64_t epoch_data_samples_ = 0;  // the training set's size the cut epoch's order was drawn for (0: unknown)
 };
 

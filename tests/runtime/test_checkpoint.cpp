@@ -323,6 +323,43 @@ TEST(Checkpoint, ACutEpochWithTooFewBatchesLeftIsDoneWithoutAReport) {
   std::filesystem::remove(path);
 }
 
+// A save at an epoch's last round (from the progress callback that reports it, or after a fit()
+// that stopped there) records the epoch done: the file loads (it read "80 samples of a cut epoch
+// over a training set of 80" and was refused), and nothing is trained twice. Also under a sync
+// period whose last sync is that round (period 5 of 5 rounds an epoch).
+TEST(Checkpoint, ASaveAtAnEpochsLastRoundRecordsTheEpochDone) {
+  const Dataset train = small_dataset(80, 4);  // 10 batches of 8 an epoch
+  for (int period : {1, 5}) {
+    SCOPED_TRACE(period);
+    const std::string path = checkpoint_path("last-round");
+    LearnerOptions options{2, 1, SmaOptions{}};
+    options.sync_period = period;
+    LearnerGroup group(models::mlp(), recipe(), options);
+    int saves = 0;
+    group.on_progress([&](const Progress& p) {
+      if (!p.last) return;
+      group.save(path);
+      ++saves;
+      throw Error("stopped after the save");
+    });
+    EXPECT_THROW(group.fit(train, nullptr, 1), Error);
+    ASSERT_EQ(saves, 1);
+    EXPECT_EQ(group.rounds_done(), 5);
+    EXPECT_EQ(group.epochs_done(), 1);
+    EXPECT_EQ(group.epoch_samples_done(), 0);
+    LearnerGroup resumed(models::mlp(), recipe(), options);
+    ASSERT_NO_THROW(resumed.load(path));
+    EXPECT_EQ(resumed.epochs_done(), 1);
+    EXPECT_EQ(resumed.epoch_samples_done(), 0);
+    // The next fit() of one epoch trains the second epoch whole: 5 rounds, not the last again.
+    group.on_progress(nullptr);
+    group.fit(train, nullptr, 1);
+    EXPECT_EQ(group.rounds_done(), 10);
+    EXPECT_EQ(group.epochs_done(), 2);
+    std::filesystem::remove(path);
+  }
+}
+
 // A load is a fresh start from the file's z, whatever the group did before: a group that trained
 // and one that did not step identically after loading the same checkpoint, for SMA (the
 // replicas' momentum and z's last move restart) and synchronous SGD (its momentum restarts).

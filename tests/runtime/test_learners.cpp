@@ -318,6 +318,23 @@ TEST(Learners, ErrorsAreClear) {
               std::string::npos)
         << error.what();
   }
+  // So is one that a callback grew past the epoch's batches (5 learners, 4 batches an epoch): the
+  // next epoch is refused, not counted done with nothing trained (three were, without a word).
+  LearnerGroup grown(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  grown.on_epoch([&](const EpochReport&) {
+    grown.resize(5, 1);
+    return true;
+  });
+  try {
+    grown.fit(small_dataset(32, 1), nullptr, 4);
+    FAIL() << "an epoch of 4 batches cannot feed 5 learners";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("5 learners of batch 8 need 40 samples a round; the training set has 32"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(grown.epochs_done(), 1);
+  EXPECT_EQ(grown.rounds_done(), 2);
 }
 
 // One learner's step fails (a NaN in its batch) while the other's succeeds: the round ends with
