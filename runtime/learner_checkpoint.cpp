@@ -32,7 +32,14 @@ void LearnerGroup::load(const std::string& path) {
   const Tensor& z = average_->params().flat_params();
   Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
-  settle();
+  // The learners finish what they were given. An error of theirs not yet reported (under a
+  // staleness bound: the NaN loss a load is the recovery from) is dropped with a warning: every
+  // replica restarts from the file's z.
+  try {
+    settle();
+  } catch (const std::exception& error) {
+    warn(cat("load '", path, "': dropped a learner's error from before the load: ", error.what()));
+  }
   drain();
   refresh_average();
   // build() starts every replica from z; if it refuses (memory), z goes back and nothing changed.

@@ -217,6 +217,8 @@ class LearnerGroup {
   // sets z, and restarts every replica from it (their momentum cleared, z's own too), so training
   // resumes from z: a warm restart, not the replicas' exact state. Between the syncs of a sync
   // period the file holds z and the progress (rounds, samples of the epoch) as of the last sync.
+  // A load is also the recovery after a learner's error (a NaN loss): one not reported yet (under
+  // a staleness bound) is dropped with a warning.
   void save(const std::string& path) const;
   void load(const std::string& path);
   int64_t rounds_done() const { return rounds_done_; }
