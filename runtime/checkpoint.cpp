@@ -73,7 +73,13 @@ void save_checkpoint(const std::string& path, const ParamStore& layout, const Te
   if (info.seed_known) header["seed"] = info.seed;
   if (info.data_samples > 0) header["data_samples"] = info.data_samples;
   std::string text = kMagic;
-  const std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception& error) {  // names of bytes that are not UTF-8 text
+    throw Error(cat("checkpoint '", path, "': not saved: the model's or a parameter's name is not UTF-8 text (",
+                    error.what(), ")"));
+  }
   if (header_text.size() > kLargestHeader)  // load would not read it
     throw Error(cat("checkpoint '", path, "': not saved: its header (the parameters' names and shapes) takes ",
                     header_text.size(), " bytes, more than the ", kLargestHeader, " a checkpoint may hold"));

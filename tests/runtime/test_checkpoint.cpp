@@ -85,6 +85,28 @@ TEST(Checkpoint, ADivergedModelIsNotSavedOverAGoodOne) {
   std::filesystem::remove(path);
 }
 
+// A model named with bytes that are not UTF-8 text cannot go into the header's JSON: a
+// quiver::Error that says so, the good file left as it was (the JSON library's own exception got
+// out of save(), and out of fit() when it saved from a callback).
+TEST(Checkpoint, ANameThatIsNotUtf8IsRefusedClearly) {
+  const std::string path = checkpoint_path("utf8");
+  LearnerGroup good(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  good.save(path);
+  ModelSpec latin1 = models::mlp();
+  latin1.name = "mod\xe8le";  // "modele" in Latin-1
+  LearnerGroup group(latin1, recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  try {
+    group.save(path);
+    FAIL() << "a header that is not UTF-8 was written";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("not saved: the model's or a parameter's name is not UTF-8 text"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_NO_THROW(good.load(path));
+  std::filesystem::remove(path);
+}
+
 // A checkpoint carries the epochs finished: a group resumed from it continues the data order
 // where the saving group would, not from the first epoch's order.
 TEST(Checkpoint, ResumeContinuesTheDataOrder) {
