@@ -139,6 +139,16 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
                     " and ", options_.profile_warmup));
   if (!(options_.grant_tolerance >= 0.0))
     throw Error(cat("executor: grant_tolerance must be >= 0, got ", options_.grant_tolerance));
+  if (!(options_.grant_slack_s >= 0.0 && std::isfinite(options_.grant_slack_s)))
+    throw Error(cat("executor: grant_slack_s must be finite and >= 0, got ", options_.grant_slack_s));
+  // Step counts the tuning adds up (tuning_runs_left) in an int.
+  constexpr int kMostTuningSteps = 1 << 20;
+  for (const auto& [name, count] : {std::pair{"profile_samples", options_.profile_samples},
+                                    std::pair{"profile_warmup", options_.profile_warmup},
+                                    std::pair{"trial_rounds", options_.trial_rounds},
+                                    std::pair{"trial_stint", options_.trial_stint}})
+    if (count > kMostTuningSteps)
+      throw Error(cat("executor: ", name, " must be at most ", kMostTuningSteps, ", got ", count));
   // A trial that can never last long enough would cycle through the candidates (serial among
   // them) for good; NaN would also turn retrials off without a word.
   for (const auto& [name, seconds] : {std::pair{"trial_seconds", options_.trial_seconds},

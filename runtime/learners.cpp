@@ -69,10 +69,11 @@ LearnerGroup::LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions o
   if (!(options.tune_confirm_band >= 0.0))
     throw Error(cat("tune confirm band must be >= 0, got ", options.tune_confirm_band));
   if (options.tune_window < 1) throw Error(cat("tune window must be >= 1 round, got ", options.tune_window));
-  if (!(options.tune_window_seconds >= 0.0))
-    throw Error(cat("tune window must be >= 0 seconds, got ", options.tune_window_seconds));
-  if (!(options.tune_warmup_seconds >= 0.0))
-    throw Error(cat("tune warm-up must be >= 0 seconds, got ", options.tune_warmup_seconds));
+  // Infinite would never end a window: the tuner would not settle.
+  if (!(options.tune_window_seconds >= 0.0 && std::isfinite(options.tune_window_seconds)))
+    throw Error(cat("tune window must be finite and >= 0 seconds, got ", options.tune_window_seconds));
+  if (!(options.tune_warmup_seconds >= 0.0 && std::isfinite(options.tune_warmup_seconds)))
+    throw Error(cat("tune warm-up must be finite and >= 0 seconds, got ", options.tune_warmup_seconds));
   if (options.tune_cores < 0) throw Error(cat("tune cores must be >= 0 (0: all), got ", options.tune_cores));
   if (!(options.tune_cut_below >= 0.0 && options.tune_cut_below < 1.0))
     throw Error(cat("tune cut below must be in [0, 1), got ", options.tune_cut_below));
@@ -557,7 +558,8 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  if (epochs < 1) throw Error(cat("epochs must be >= 1, got ", epochs));
+  if (epochs < 1 || epochs > kMostEpochs) throw Error(cat("epochs must be in 1..", kMostEpochs, ", got ", epochs));
+  if (max_rounds < 0) throw Error(cat("max_rounds must be >= 0 (0: no limit), got ", max_rounds));
   check_samples_fit(model_, train, "training set");
   check_labels_fit(model_, average_->classes(), train, "training set");
   if (test) check_samples_fit(model_, *test, "test set");

@@ -139,7 +139,8 @@ int64_t learner_bytes(const Trainer& replica, bool snapshot = true);
 class LearnerGroup {
  public:
   // `train` is the recipe of every learner (batch = per-learner batch, policy, seed: every
-  // replica and z start from the same seeded parameters); its `threads` is ignored.
+  // replica and z start from the same seeded parameters); its `threads` is ignored (the
+  // learners' come from `options`), and so are `epochs` and `max_steps`: fit() takes its own.
   LearnerGroup(ModelSpec model, TrainOptions train, LearnerOptions options);
   ~LearnerGroup();
 
@@ -180,7 +181,7 @@ class LearnerGroup {
   // Learner j's executor (nullptr when its policy runs none). Settles first.
   const Executor* learner_executor(int j) const {
     settle();
-    return learners_.at(j)->trainer->executor();
+    return learner_at(j).trainer->executor();
   }
   // One round: learner j trains on samples [j*b, (j+1)*b) of `images` / `labels` (b the
   // per-learner batch), all learners at once; then SMA. Returns the learners' mean loss. A
@@ -197,7 +198,7 @@ class LearnerGroup {
   const Tensor& average() const;
   ParamStore& replica(int j) {
     settle();  // a learner behind under a staleness bound may be writing it
-    return learners_.at(j)->trainer->params();
+    return learner_at(j).trainer->params();
   }
   // Top-1 accuracy of z.
   double evaluate(const Dataset& data);
@@ -299,6 +300,11 @@ class LearnerGroup {
   int64_t batch_bytes() const { return quiver::batch_bytes(batch_, features_); }
   // How many batches fit()'s Batcher assembles ahead (BatcherOptions::prefetch_depth).
   int prefetch_depth() const;
+  // Learner j, or a quiver::Error naming the group's count.
+  const Learner& learner_at(int j) const {
+    if (j < 0 || j >= learners()) throw Error(cat("learners: no learner ", j, " of ", learners()));
+    return *learners_[static_cast<size_t>(j)];
+  }
   mutable bool average_stale_ = false;
   int64_t batch_ = 0, features_ = 0;
   int64_t rounds_done_ = 0, epochs_done_ = 0;

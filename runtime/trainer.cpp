@@ -38,13 +38,17 @@ void check_learning_rate(double learning_rate) {
     throw Error(cat("learning rate must be a positive number, got ", learning_rate));
   if (learning_rate > std::numeric_limits<float>::max())
     throw Error(cat("learning rate ", learning_rate, " is beyond the largest 32-bit float, which training computes in"));
+  if (learning_rate < std::numeric_limits<float>::min())  // flushed to 0: training would not move
+    throw Error(cat("learning rate ", learning_rate, " is below the smallest normal 32-bit float (",
+                    std::numeric_limits<float>::min(), "), which training computes in"));
 }
 
 void check_options(const TrainOptions& o) {
   if (o.batch < 1) throw Error(cat("batch must be >= 1, got ", o.batch));
-  if (o.epochs < 1) throw Error(cat("epochs must be >= 1, got ", o.epochs));
+  if (o.epochs < 1 || o.epochs > kMostEpochs) throw Error(cat("epochs must be in 1..", kMostEpochs, ", got ", o.epochs));
   if (o.max_steps < 0) throw Error(cat("max_steps must be >= 0, got ", o.max_steps));
-  if (o.threads < 1) throw Error(cat("threads must be >= 1, got ", o.threads));
+  if (o.threads < 1 || o.threads > PerfModel::kMostThreads)
+    throw Error(cat("threads must be in 1..", PerfModel::kMostThreads, ", got ", o.threads));
   check_learning_rate(o.learning_rate);
   if (!(o.weight_decay == 0.0 || (o.weight_decay >= std::numeric_limits<float>::min() &&
                                   o.weight_decay <= std::numeric_limits<float>::max())))

@@ -147,6 +147,9 @@ class FitClock {
   double last_accuracy_ = -1.0;
 };
 
+// The most epochs one fit() trains (epochs x batches must not overflow a count).
+inline constexpr int64_t kMostEpochs = int64_t{1} << 30;
+
 struct TrainReport {
   std::vector<EpochReport> epochs;
   int64_t steps = 0;

@@ -618,6 +618,18 @@ TEST(Executor, RejectsBadPolicies) {
   no_stint.trial_stint = 0;
   EXPECT_THROW(Executor(plan, no_rounds), Error);
   EXPECT_THROW(Executor(plan, no_stint), Error);
+  // Counts the tuning adds up in an int (tuning_runs_left read -2147483572), and a grant's slack
+  // that no time is within.
+  ExecutorOptions long_stint = executor_options(Policy::Auto, 2), long_warmup = long_stint;
+  long_stint.trial_stint = std::numeric_limits<int>::max();
+  long_warmup.profile_warmup = std::numeric_limits<int>::max();
+  EXPECT_THROW(Executor(plan, long_stint), Error);
+  EXPECT_THROW(Executor(plan, long_warmup), Error);
+  for (double slack : {nan, -1e-6, inf}) {
+    ExecutorOptions bad = executor_options(Policy::Auto, 2);
+    bad.grant_slack_s = slack;
+    EXPECT_THROW(Executor(plan, bad), Error) << slack;
+  }
 }
 
 }  // namespace

@@ -273,6 +273,20 @@ TEST(Learners, ErrorsAreClear) {
   LearnerOptions negative_warmup{1, 1, SmaOptions{}};
   negative_warmup.tune_warmup_seconds = -1.0;
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), negative_warmup), Error);
+  // Windows that never end: the tuner would never settle.
+  LearnerOptions endless_window{1, 1, SmaOptions{}}, endless_warmup = endless_window;
+  endless_window.tune_window_seconds = std::numeric_limits<double>::infinity();
+  endless_warmup.tune_warmup_seconds = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), endless_window), Error);
+  EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), endless_warmup), Error);
+  // fit()'s own counts, and learners that do not exist: quiver::Errors, not silence or out_of_range.
+  LearnerGroup small(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  const Dataset eight = small_dataset(8, 1);
+  EXPECT_THROW(small.fit(eight, nullptr, 1, -1), Error);
+  EXPECT_THROW(small.fit(eight, nullptr, kMostEpochs + 1), Error);
+  EXPECT_EQ(small.rounds_done(), 0);
+  EXPECT_THROW(small.replica(1), Error);
+  EXPECT_THROW(small.learner_executor(-1), Error);
   // On the CPU the tuner tries no more learners than the cores it splits: an explicit ceiling
   // above them is refused; at the cores, or without tuning, it is not.
   LearnerOptions crowded{1, 1, SmaOptions{}};

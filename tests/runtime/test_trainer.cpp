@@ -181,6 +181,18 @@ TEST(Trainer, RejectsBadOptions) {
   refused({2}, 0.0, "drop factor must be in (0, 1], got 0");
   refused({2}, 1.5, "drop factor must be in (0, 1], got 1.5");
   refused({2}, std::nan(""), "drop factor must be in (0, 1]");
+  // Counts that would overflow what they add up to: epochs x batches, a grant of more threads than
+  // a performance model holds (the first step failed with bad_alloc).
+  for (int64_t epochs : {int64_t{0}, kMostEpochs + 1, std::numeric_limits<int64_t>::max()}) {
+    TrainOptions bad = options;
+    bad.epochs = epochs;
+    EXPECT_THROW(Trainer(models::mlp(), bad), Error) << epochs;
+  }
+  for (int threads : {0, PerfModel::kMostThreads + 1, std::numeric_limits<int>::max()}) {
+    TrainOptions bad = options;
+    bad.threads = threads, bad.policy = "serial";
+    EXPECT_THROW(Trainer(models::mlp(), bad), Error) << threads;
+  }
   for (double retrial : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     TrainOptions bad = options;
     bad.retrial_seconds = retrial;
@@ -199,6 +211,7 @@ TEST(Trainer, RejectsBadOptions) {
     return std::string("accepted");
   };
   EXPECT_NE(message(1e39, 0.0).find("beyond the largest 32-bit float"), std::string::npos);
+  EXPECT_NE(message(1e-40, 0.0).find("learning rate 1e-40 is below the smallest normal 32-bit float"), std::string::npos);
   EXPECT_NE(message(0.01, 1e300).find("weight decay must be 0 or in a 32-bit float's normal range"), std::string::npos);
   EXPECT_NE(message(0.01, 1e-40).find("weight decay must be 0 or in"), std::string::npos);
   EXPECT_NE(message(0.01, -1.0).find("weight decay must be 0 or in"), std::string::npos);
@@ -207,6 +220,7 @@ TEST(Trainer, RejectsBadOptions) {
   EXPECT_THROW(trainer.set_learning_rate(0.0), Error);
   EXPECT_THROW(trainer.set_learning_rate(std::numeric_limits<double>::infinity()), Error);
   EXPECT_THROW(trainer.set_learning_rate(1e39), Error);
+  EXPECT_THROW(trainer.set_learning_rate(1e-300), Error);  // it had trained at 0
   EXPECT_DOUBLE_EQ(trainer.learning_rate(), 0.01);
   // A rate that fits until a learner count scales it: refused when the learners are built.
   TrainOptions scaled = options;
