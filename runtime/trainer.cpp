@@ -8,6 +8,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "runtime/batcher.h"
+#include "runtime/checkpoint.h"
 
 namespace quiver {
 
@@ -227,6 +228,19 @@ int64_t Trainer::fed_bytes() const {
 
 int64_t Trainer::workspace_bytes() const {
   return std::max(train_plan_->workspace_bytes(), eval_plan_->workspace_bytes());
+}
+
+void Trainer::restart_from(const std::string& checkpoint_path) {
+  const Tensor& params = store_->flat_params();
+  Tensor scratch = Tensor::zeros(params.shape(), DType::F32);  // a bad file leaves the model as it was
+  load_checkpoint(checkpoint_path, *store_, scratch, model_.name);
+  train_plan_->synchronize();  // a device's queued steps have finished with the buffers
+  params.copy_from(scratch);
+  for (const std::string& kind : store_->state_kinds()) {
+    const Tensor& state = store_->flat_state(kind);
+    state.copy_from(Tensor::zeros(state.shape(), DType::F32));
+  }
+  steps_done_ = 0;  // Adam's bias correction starts again with its moments
 }
 
 Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs) {

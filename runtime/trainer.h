@@ -4,7 +4,8 @@
 // stops with quiver::Error (naming the step) on a non-finite loss; and reports loss, accuracy and
 // throughput. Multi-learner training builds on the same pieces. The loss is known only once the
 // step, its update included, has run: after that error the parameters hold the step that made
-// it (non-finite, as a rule), so a caller who goes on starts again from a checkpoint.
+// it (non-finite, as a rule), and so does the optimizer's state: a caller who goes on starts
+// again from a checkpoint with restart_from().
 #pragma once
 
 #include <chrono>
@@ -197,6 +198,12 @@ class Trainer {
   // (without lr_drop_epochs fit() leaves it as set). Throws on a rate that is not positive and finite.
   double learning_rate() const { return learning_rate_; }
   void set_learning_rate(double learning_rate);
+  // The parameters from a checkpoint of this model (runtime/checkpoint.h; LearnerGroup::save
+  // writes them), verified before anything changes, and the optimizer's state restarted (the
+  // momentum, Adam's moments and step count): a warm restart, as LearnerGroup::load's, and the
+  // way on after a non-finite loss. Epochs and data order are the caller's (fit() goes on after
+  // the epochs this trainer trained).
+  void restart_from(const std::string& checkpoint_path);
 
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation included), off the training clock; returning false ends

@@ -3,8 +3,10 @@
 // the step number; threads change nothing but speed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 
 #include "core/error.h"
 #include "models/models.h"
+#include "runtime/checkpoint.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/learners.h"
 #include "runtime/trainer.h"
@@ -484,6 +487,42 @@ TEST(Trainer, AModelsClashesWithTheTrainerAreNamed) {
                 .find("model 'empty': its build function returned no value (a default Value)"),
             std::string::npos)
       << error_of([&] { Trainer t(empty, options); });
+}
+
+// After a non-finite loss the parameters and the optimizer's state hold the step that made it:
+// restart_from() takes the parameters from a checkpoint and restarts the state, so the trainer
+// steps exactly as a fresh one restarted from the same file (a NaN momentum or Adam moment left
+// behind had made the next steps NaN again).
+TEST(Trainer, RestartsFromACheckpointAfterANonFiniteLoss) {
+  const Dataset good = synthetic(8, 5);
+  std::vector<float> poisoned = good.images;
+  std::fill(poisoned.begin(), poisoned.end(), std::numeric_limits<float>::quiet_NaN());
+  const std::string path = ::testing::TempDir() + "quiver-trainer-restart.ckpt";
+  for (const char* optimizer : {"sgd", "adam"}) {
+    SCOPED_TRACE(optimizer);
+    TrainOptions options;
+    options.batch = 8, options.eval_batch = 8, options.policy = "serial", options.optimizer = optimizer;
+    options.learning_rate = std::string(optimizer) == "adam" ? 1e-3 : 0.01;
+    Trainer trainer(models::mlp(), options);
+    for (int step = 0; step < 2; ++step) trainer.train_step(good.images.data(), good.labels.data());
+    save_checkpoint(path, trainer.params(), trainer.params().flat_params(), CheckpointInfo{"mlp", 2, 0});
+    EXPECT_THROW(trainer.train_step(poisoned.data(), good.labels.data()), Error);
+    trainer.restart_from(path);
+    Trainer fresh(models::mlp(), options);
+    fresh.restart_from(path);
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_TRUE(std::isfinite(trainer.train_step(good.images.data(), good.labels.data())));
+      fresh.train_step(good.images.data(), good.labels.data());
+    }
+    const Tensor &a = trainer.params().flat_params(), &b = fresh.params().flat_params();
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << "parameter " << i;
+    // A bad file changes nothing.
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << "not a checkpoint";
+    const std::vector<float> before(a.f32(), a.f32() + a.numel());
+    EXPECT_THROW(trainer.restart_from(path), Error);
+    EXPECT_EQ(std::vector<float>(a.f32(), a.f32() + a.numel()), before);
+  }
+  std::remove(path.c_str());
 }
 
 // A serial fit() of batch 4 (10 batches an epoch of synthetic(40, ...)) for the callbacks' tests.
