@@ -668,6 +668,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   bool keep_going = true;
   for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds) && keep_going; ++epoch) {
     const int64_t number = epochs_before + epoch;
+    check_a_round_fits();  // before the epoch changes anything (its drop resets the replicas)
     // The step decay: a drop resets every replica to z (a resumed run's first epoch takes the
     // rate its number has; its replicas are z's already).
     if (!train_.lr_drop_epochs.empty()) set_learning_rate_factor(learning_rate_factor_at(train_, number));
@@ -677,7 +678,6 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     Clock::time_point last_report = Clock::now();
     double loss_sum = 0.0;
     int64_t epoch_rounds = 0, epoch_samples = 0;
-    check_a_round_fits();
     bool counted_done = false;  // the epoch's last round has counted it done: nothing more trains in it
     for (batches_in_epoch = epoch == 1 ? resume_batch : 0; !counted_done &&
          batches_in_epoch + learners() <= per_epoch && (max_rounds == 0 || rounds < max_rounds) && keep_going;) {

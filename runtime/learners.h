@@ -158,7 +158,12 @@ class LearnerGroup {
   // (max_rounds, a callback, a checkpoint saved then) goes on where it stopped (over a training set
   // of the same size; otherwise it starts again, with a warning), and counts as the first of the
   // `epochs`. Epochs are numbered from the start of training (epochs_done() + 1 first). Under a
-  // sync period every epoch, a cut one too, ends by folding its local steps into z.
+  // sync period every epoch, a cut one too, ends by folding its local steps into z. An epoch's
+  // last round counts it done (a save from then on records it so); under a staleness bound a
+  // learner's error in that round surfaces after it was counted, and load() puts the count back
+  // with the rest. Refused before training: samples that do not fit the model, labels past its
+  // classes, a round larger than an epoch (also at any later epoch's start, where a callback grew
+  // the group).
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included), off the training clock (the tuner's

@@ -177,9 +177,8 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
 }
 
 int64_t Trainer::parameter_bytes() const {
-  int64_t count = 0;
-  for (const ValueInfo& info : train_graph_.values())
-    if (info.role == ValueRole::Parameter) count += info.shape.numel();
+  int64_t count = 0;  // what ParamStore allocates: one slot a parameter (a tied value shares it)
+  for (const ParamInfo& param : train_graph_.params()) count += train_graph_.value(param.value).shape.numel();
   const int64_t states = options_.optimizer == "adam" ? 2 : 1;
   return (2 + states) * count * static_cast<int64_t>(sizeof(float));
 }

@@ -1,5 +1,5 @@
 // Bounded staleness (LearnerOptions::staleness): the clock gate (CpuStream::wait_at_most) and the
-// bound it keeps a slow learner to, one learner equal to synchronous SMA, learners rounds apart
+// bound it keeps a held learner to, one learner equal to synchronous SMA, learners rounds apart
 // converging, the options checked, and errors surfacing at a later round without leaving a batch
 // in use. Synchronous learners: test_learners.cpp.
 #include <gtest/gtest.h>
@@ -12,7 +12,10 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/op.h"
@@ -63,13 +66,17 @@ TEST(CpuStream, WaitAtMostReturnsOnceFewEnoughAreLeft) {
 // An identity op that, off the thread that called round() (learner 0 runs its steps there, the
 // others on their streams' threads), waits until the test opens `latch`: learner 1 is held still.
 std::atomic<std::thread::id> caller_thread{};
+std::atomic<int> caller_steps{0};  // steps learner 0 has started
 std::shared_future<void> latch;
 const bool registered_latched_op = [] {
   OpDef def;
   def.kind = "test_latched_off_the_caller";
   def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
   def.kernels.push_back(cpu_kernel("reference", [](const KernelCall& call) {
-    if (std::this_thread::get_id() != caller_thread.load()) latch.wait();
+    if (std::this_thread::get_id() != caller_thread.load())
+      latch.wait();
+    else
+      ++caller_steps;
     call.outputs[0].copy_from(call.inputs[0]);
   }));
   return register_op(std::move(def));
@@ -96,6 +103,7 @@ TEST(Learners, NoLearnerFallsMoreThanTheBoundBehind) {
     std::promise<void> open;
     latch = open.get_future().share();
     std::atomic<int> returned{0};
+    caller_steps = 0;
     std::thread driver([&] {
       caller_thread = std::this_thread::get_id();
       for (int round = 0; round < staleness + 3; ++round) {
@@ -103,10 +111,10 @@ TEST(Learners, NoLearnerFallsMoreThanTheBoundBehind) {
         ++returned;
       }
     });
-    // The s rounds the bound lets through (each one learner 0's step: seconds under a sanitizer),
-    // then time for a broken gate to let another through.
+    // The s rounds the bound lets through and learner 0's step of the next (seconds under a
+    // sanitizer), then time for that step to end and a broken gate to let its round return.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (returned.load() < staleness && std::chrono::steady_clock::now() < deadline)
+    while (caller_steps.load() < staleness + 1 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     EXPECT_EQ(returned.load(), staleness) << "rounds returned while learner 1 was held in its first step";
@@ -121,7 +129,7 @@ TEST(Learners, NoLearnerFallsMoreThanTheBoundBehind) {
 // load() is the recovery from it (a NaN loss): it drops that error and loads, rather than throw it
 // and load nothing (which took a second call).
 TEST(Learners, ALoadDropsALearnersErrorFromBeforeIt) {
-  const std::string path = ::testing::TempDir() + "quiver-stale-load.ckpt";
+  const std::string path = ::testing::TempDir() + "quiver-stale-load-" + std::to_string(::getpid()) + ".ckpt";
   Batches good(2 * 8, 47), poisoned(2 * 8, 47);
   std::fill(poisoned.images.begin() + 8 * 784, poisoned.images.end(), std::numeric_limits<float>::quiet_NaN());
   caller_thread = std::this_thread::get_id();

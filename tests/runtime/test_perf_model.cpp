@@ -116,8 +116,9 @@ TEST(PerfModel, GrantIsTheFewestThreadsNearTheBest) {
   EXPECT_EQ(model.grant("scales", 0.05), 8);
   EXPECT_EQ(model.grant("scales", 0.5), 6);  // T(6) = 1.433e-3 <= 1.65e-3 < T(5)
   // Or within `slack` seconds of it, where that is more (a short op's few microseconds are not
-  // worth a thread): within 1 ms of 1.1e-3, 8e-3/p <= 2e-3 gives 4; a slack below 5% gives 8.
-  EXPECT_EQ(model.grant("scales", 0.05, 1e-3), 4);
+  // worth a thread): within 1.2 ms of 1.1e-3, T(4) = 2.1e-3 <= 2.3e-3 < T(3) = 2.77e-3 gives 4;
+  // a slack below 5% gives 8.
+  EXPECT_EQ(model.grant("scales", 0.05, 1.2e-3), 4);
   EXPECT_EQ(model.grant("scales", 0.05, 1e-5), 8);
   EXPECT_EQ(model.fastest("saturates"), 2);
   EXPECT_EQ(model.grant("serial", 0.05), 1);

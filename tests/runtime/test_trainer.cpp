@@ -497,7 +497,7 @@ TEST(Trainer, RestartsFromACheckpointAfterANonFiniteLoss) {
   const Dataset good = synthetic(8, 5);
   std::vector<float> poisoned = good.images;
   std::fill(poisoned.begin(), poisoned.end(), std::numeric_limits<float>::quiet_NaN());
-  const std::string path = ::testing::TempDir() + "quiver-trainer-restart.ckpt";
+  const std::string path = ::testing::TempDir() + "quiver-trainer-restart-" + std::to_string(::getpid()) + ".ckpt";
   for (const char* optimizer : {"sgd", "adam"}) {
     SCOPED_TRACE(optimizer);
     TrainOptions options;
