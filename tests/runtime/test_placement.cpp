@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "tests/error_of.h"
 #include "runtime/placement.h"
 #include "runtime/thread_budget.h"
 #include "tests/runtime/address_space.h"
@@ -17,15 +18,7 @@
 namespace quiver {
 namespace {
 
-template <class Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Placement, AllowedCpusAreTheAffinityMask) {
   const std::vector<int> cpus = allowed_cpus();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tests/error_of.h"
 #include "runtime/sma.h"
 #include "runtime/thread_budget.h"
 #include "tests/runtime/learner_test_data.h"
@@ -20,6 +21,7 @@ namespace quiver {
 namespace {
 
 using learner_test::copy_of;
+using test::error_of;
 
 Tensor flat(std::vector<float> values) {
   Tensor t = Tensor::zeros(Shape{static_cast<int64_t>(values.size())});
@@ -213,14 +215,6 @@ TEST(Sma, RejectsBadOptions) {
   EXPECT_THROW(sma.round(params, snapshots), Error);
   // The right number of buffers, one of the wrong size: refused before anything is read past it.
   Tensor good = flat({1, 2}), good_too = flat({1, 2});
-  auto error_of = [](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const Error& error) {
-      return error.what();
-    }
-    return "(no error)";
-  };
   std::vector<Tensor> one_long{good, w}, two_good{good, good_too};
   EXPECT_NE(error_of([&] { sma.round(one_long, two_good); }).find("learner 1 has 3 parameters"), std::string::npos)
       << error_of([&] { sma.round(one_long, two_good); });

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "tests/error_of.h"
 #include "models/models.h"
 #include "runtime/checkpoint.h"
 #include "runtime/fashion_mnist.h"
@@ -373,16 +374,7 @@ TEST(Memory, ACgroupLimitIsWhatTheProcessMayStillTake) {
   EXPECT_NE(available_memory_bytes(), 0);
 }
 
-// The message of the quiver::Error `call` throws, or "(no error)".
-template <typename Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // A small labelled set of random images, for fit() without the real data.
 Dataset synthetic(int64_t count, uint32_t seed) {
