@@ -179,8 +179,7 @@ Trainer::Trainer(ModelSpec model, TrainOptions options)
 int64_t Trainer::parameter_bytes() const {
   int64_t count = 0;  // what ParamStore allocates: one slot a parameter (a tied value shares it)
   for (const ParamInfo& param : train_graph_.params()) count += train_graph_.value(param.value).shape.numel();
-  const int64_t states = options_.optimizer == "adam" ? 2 : 1;
-  return (2 + states) * count * static_cast<int64_t>(sizeof(float));
+  return buffers_per_parameter() * count * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t Trainer::shape_bytes() const {
@@ -209,9 +208,7 @@ void Trainer::check_fits(int64_t available, int64_t need, const char* estimate) 
 Trainer::~Trainer() = default;
 
 int64_t Trainer::memory_bytes() const {
-  // parameters, gradients and the optimizer's state (momentum, or Adam's two moments)
-  const int64_t states = options_.optimizer == "adam" ? 2 : 1;
-  int64_t bytes = (2 + states) * store_->flat_size() * static_cast<int64_t>(sizeof(float));
+  int64_t bytes = buffers_per_parameter() * store_->flat_size() * static_cast<int64_t>(sizeof(float));
   for (const Plan* plan : {train_plan_.get(), eval_plan_.get()})
     bytes += plan->input_bytes() + plan->activation_bytes() + plan->kernel_bytes();
   // Both plans share one context (one stream on a device): its own buffers count once.

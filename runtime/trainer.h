@@ -244,6 +244,9 @@ class Trainer {
 
  private:
   Graph build_graph(int64_t batch, bool training, Value* logits, Value* loss, Value* probs);
+  // Flat buffers a parameter has: itself, its gradient and the optimizer's state (momentum, or
+  // Adam's two moments).
+  int64_t buffers_per_parameter() const { return options_.optimizer == "adam" ? 4 : 3; }
   // From the training graph's shapes: the parameters, their gradients and the optimizer's state.
   int64_t parameter_bytes() const;
   // What is touched before the plans exist: parameter_bytes(), both graphs' inputs and fed_bytes().
