@@ -560,8 +560,10 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   };
   if (epochs < 1 || epochs > kMostEpochs) throw Error(cat("epochs must be in 1..", kMostEpochs, ", got ", epochs));
   if (max_rounds < 0) throw Error(cat("max_rounds must be >= 0 (0: no limit), got ", max_rounds));
+  check_consistent(train, "training set");
   check_samples_fit(model_, train, "training set");
   check_labels_fit(model_, average_->classes(), train, "training set");
+  if (test) check_consistent(*test, "test set");
   if (test) check_samples_fit(model_, *test, "test set");
   if (test) check_labels_fit(model_, average_->classes(), *test, "test set");
   // Rounds run by round() alone (or a fit() that threw) since the last sync are folded in first:

@@ -334,8 +334,10 @@ void check_labels_fit(const ModelSpec& model, int64_t classes, const Dataset& da
 TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
   // Both sets, before the first step: a test set that does not fit would otherwise be found
   // after the first epoch of training.
+  check_consistent(train, "training set");
   check_samples_fit(model_, train, "training set");
   check_labels_fit(model_, classes(), train, "training set");
+  if (test) check_consistent(*test, "test set");
   if (test) check_samples_fit(model_, *test, "test set");
   if (test) check_labels_fit(model_, classes(), *test, "test set");
   BatcherOptions batcher_options;

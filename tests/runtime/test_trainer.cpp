@@ -458,6 +458,31 @@ TEST(Trainer, LabelsPastTheModelsClassesAreRefusedBeforeTraining) {
   EXPECT_NO_THROW(trainer.fit(train, &test));
 }
 
+// A test set whose count disagrees with its arrays is refused before the first step too, not at
+// the first evaluation an epoch later (by a trainer's fit() and a learner group's).
+TEST(Trainer, AnInconsistentTestSetIsRefusedBeforeTraining) {
+  TrainOptions options;
+  options.batch = 8;
+  options.eval_batch = 8;
+  Trainer trainer(models::mlp(), options);
+  int steps = 0;
+  trainer.on_progress([&](const Progress&) { ++steps; });
+  const Dataset train = synthetic(32, 1);
+  Dataset test = synthetic(8, 2);
+  test.labels.pop_back();  // 8 samples counted, 7 labels held
+  EXPECT_NE(error_of([&] { trainer.fit(train, &test); }).find("test set: dataset is inconsistent: count 8"),
+            std::string::npos)
+      << error_of([&] { trainer.fit(train, &test); });
+  EXPECT_EQ(steps, 0) << "refused only after training";
+  Dataset short_train = train;
+  short_train.images.resize(short_train.images.size() - 1);
+  EXPECT_NE(error_of([&] { trainer.fit(short_train, nullptr); }).find("training set: dataset is inconsistent"),
+            std::string::npos);
+  LearnerGroup group(models::mlp(), options, LearnerOptions{2, 1, SmaOptions{}});
+  EXPECT_NE(error_of([&] { group.fit(train, &test, 1); }).find("test set: dataset is inconsistent"), std::string::npos);
+  EXPECT_EQ(group.rounds_done(), 0);
+}
+
 // A model's mistakes that only the trainer can see are named when the trainer is made: a value
 // named like one of the trainer's own inputs (the builder would say "defined twice" of an input
 // the model never declared), and a build function that returns no value.
