@@ -173,14 +173,32 @@ inline Error unknown_option(const std::string& flag, const char* options) {
   return Error(cat("unknown option '", flag, "' (", options, ")"));
 }
 
-// The value after the flag argv[i] (i moves past it). A word that is no flag, a flag that is not
-// one of `options` and a flag with nothing after it are each named as such.
+// The flag of argv[i], written `--flag value` or `--flag=value`.
+inline std::string flag_name(const char* arg) {
+  const std::string text = arg;
+  return text.substr(0, text.find('='));
+}
+
+// The value of the flag argv[i]: after its '=', or the next word (i moves past it). A word that
+// is no flag, a flag that is not one of `options`, a flag with nothing after it and one followed
+// by another option (`--output --no-peer`: the value was forgotten) are each named as such.
 inline std::string flag_value(int argc, char** argv, int& i, const char* options) {
-  const std::string flag = argv[i];
-  if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", flag, "' (see --help)"));
+  const std::string arg = argv[i], flag = flag_name(argv[i]);
+  if (flag.rfind("--", 0) != 0) throw Error(cat("unexpected argument '", arg, "' (see --help)"));
   if (cat(" ", options, " ").find(cat(" ", flag, " ")) == std::string::npos) throw unknown_option(flag, options);
+  if (flag.size() < arg.size()) return arg.substr(flag.size() + 1);
   if (i + 1 >= argc) throw Error(cat(flag, ": missing value (see --help)"));
-  return argv[++i];
+  const std::string value = argv[++i];
+  if (value.rfind("--", 0) == 0)
+    throw Error(cat(flag, ": missing value (got the option '", value, "'; write ./", value,
+                    " for a path that starts with --)"));
+  return value;
+}
+
+// A switch (a flag without a value) written with one: `--no-peer=1`.
+inline void check_no_value(const char* arg) {
+  const std::string text = arg, flag = flag_name(arg);
+  if (flag.size() < text.size()) throw Error(cat(flag, ": takes no value"));
 }
 
 // Applies `flag value` when it is one of GridOptions' flags; false when it is not.

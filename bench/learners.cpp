@@ -59,7 +59,7 @@ constexpr char kOptions[] =
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
+    std::string flag = bench::flag_name(argv[i]);
     std::string value = bench::flag_value(argc, argv, i, kOptions);
     if (bench::parse_grid_flag(flag, value, o)) continue;
     if (flag == "--device") {

@@ -34,7 +34,7 @@ constexpr char kOptions[] = "--models --batches --threads --warmup --steps --run
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
+    std::string flag = bench::flag_name(argv[i]);
     if (!bench::parse_grid_flag(flag, bench::flag_value(argc, argv, i, kOptions), o)) throw bench::unknown_option(flag, kOptions);
   }
   return o;

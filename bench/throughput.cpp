@@ -55,8 +55,9 @@ BenchOptions parse(int argc, char** argv) {
   BenchOptions o;
   bool threads_given = false;
   for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
+    std::string flag = bench::flag_name(argv[i]);
     if (flag == "--no-peer") {
+      bench::check_no_value(argv[i]);
       o.peer.clear();
       continue;
     }
@@ -66,6 +67,7 @@ BenchOptions parse(int argc, char** argv) {
                : flag == "--go-on-stdin" ? &o.go_on_stdin
                                          : nullptr;
     if (on != nullptr) {
+      bench::check_no_value(argv[i]);
       *on = true;
       continue;
     }

@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   uint64_t seed = TrainOptions{}.seed;
   try {
     for (int i = 1; i < argc; ++i) {
-      std::string flag = argv[i];
+      std::string flag = bench::flag_name(argv[i]);
       std::string value = bench::flag_value(argc, argv, i, kOptions);
       if (flag == "--models") {
         names = bench::model_names(flag, value);
