@@ -38,6 +38,19 @@ import threading
 import time
 
 from arg_types import at_most, int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
+
+MOST_STEPS = 1000000  # quiver-bench-throughput's --steps takes at most this
+
+
+def int_list_at_most(limit):
+    """A comma-separated list of positive integers, none above `limit`."""
+    def parse(text):
+        items = int_list(text)
+        for item in items:
+            if item > limit:
+                raise argparse.ArgumentTypeError(f"each at most {limit}, got '{text}'")
+        return items
+    return parse
 from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 
@@ -166,14 +179,19 @@ def main():
     parser.add_argument("--build", default="build/release", help="build folder (default build/release)")
     parser.add_argument("--models", type=name_list(["mlp", "cnn", "lstm"]), default=["mlp", "cnn", "lstm"],
                         help="comma-separated, of mlp,cnn,lstm (default all three)")
-    parser.add_argument("--batches", type=int_list, default=[16, 64], help="batch sizes (default 16,64)")
+    # The limits quiver-bench-throughput takes (bench/bench_common.h): refused here, before any run,
+    # rather than by the bench after earlier models' runs.
+    parser.add_argument("--batches", type=int_list_at_most(60000), default=[16, 64],
+                        help="batch sizes, each at most 60000 (default 16,64)")
     parser.add_argument("--runs", type=positive_int, default=5, help="runs; the table gives medians (default 5)")
     # quiver-bench-throughput's --window takes at most 600000 ms.
     parser.add_argument("--seconds", type=at_most(600.0, positive_float), default=2.0,
                         help="about how long each timed window lasts, at most 600 (default 2)")
-    parser.add_argument("--warmup", type=positive_int, default=20, help="warm-up steps per process (default 20)")
+    parser.add_argument("--warmup", type=at_most(1000000, positive_int), default=20,
+                        help="warm-up steps per process, at most 1000000 (default 20)")
     parser.add_argument("--no-peer", action="store_true", help="measure Quiver only")
-    parser.add_argument("--output", help="also write the table there (atomically)")
+    parser.add_argument("--output", help="also write the table there (atomically; after a failed run, the rows "
+                                          "measured before it to OUTPUT.partial)")
     args = parser.parse_args()
 
     engines = [quiver_engine(args.build)]
@@ -204,7 +222,7 @@ def main():
                 for engine in engines:
                     # Calibrate: a short run at two threads sets the step count of the timed windows.
                     rate = one_process(engine, model, batch, 2, 30, args.warmup)
-                    steps = max(30, int(args.seconds * rate / batch))
+                    steps = min(MOST_STEPS, max(30, int(args.seconds * rate / batch)))
                     pair_steps = max(30, steps // 2)  # one thread: about half the rate, the same window
                     ones, pairs, ratios, kept = [], [], [], []
                     for run in range(args.runs):
@@ -236,6 +254,14 @@ def main():
                     table += row
                     print(row, end="", flush=True)
     except (RuntimeError, OSError) as error:
+        # The rows measured before the failure are kept beside --output (which stays as it was).
+        if args.output and table != header:
+            partial = args.output + ".partial"
+            try:
+                write_atomically(partial, table)
+                print(f"process_pairs.py: the rows measured before it are in {partial}", file=sys.stderr)
+            except OSError as partial_error:
+                print(f"process_pairs.py: cannot write {partial}: {partial_error}", file=sys.stderr)
         sys.exit(f"process_pairs.py: {error}")
     for line in uneven:
         print(f"# uneven pair: {line}")
