@@ -28,6 +28,7 @@ from arg_types import name_list, positive_int  # scripts/arg_types.py
 from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 MODELS = ("mlp", "cnn", "lstm")
+MOST_SEEDS = 10000
 
 
 def seed_range(text):
@@ -38,6 +39,10 @@ def seed_range(text):
     last = int(match.group(2)) if match.group(2) else first
     if last < first:
         raise argparse.ArgumentTypeError(f"empty seed range '{text}'")
+    if last >= 2 ** 64:  # quiver-train's --seed is a 64-bit unsigned number
+        raise argparse.ArgumentTypeError(f"seeds go up to {2 ** 64 - 1}, got '{text}'")
+    if last - first + 1 > MOST_SEEDS:  # each seed is an epoch's training per model and engine
+        raise argparse.ArgumentTypeError(f"at most {MOST_SEEDS} seeds, got {last - first + 1} in '{text}'")
     return list(range(first, last + 1))
 
 

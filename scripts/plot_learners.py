@@ -4,6 +4,7 @@ learners, one line per model and batch. Writes a self-contained SVG (no plotting
 
 usage: scripts/plot_learners.py learners.md docs/learners.svg
 """
+import argparse
 import html
 import math
 import sys
@@ -49,7 +50,10 @@ def read_table(path):
 
         single = rate(cells[first], "single-stream samples/s")
         rates = [rate(c, header[first + 1 + i]) for i, c in enumerate(cells[first + 1:first + 1 + len(ks)])]
-        rows.append((name, [rates[i] / single for i in order]))
+        ratios = [rates[i] / single for i in order]
+        if not all(math.isfinite(r) for r in ratios):
+            raise ValueError(f"{path}: the ratios of '{name}' to its single-stream samples/s overflow")
+        rows.append((name, ratios))
     return [ks[i] for i in order], rows
 
 
@@ -63,10 +67,14 @@ def svg(ks, rows, title):
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{left}" y="22" font-size="14">{title}</text>']
-    for i in range(int(top_ratio / 0.25) + 1):
-        r = i * 0.25
+    step = 0.25  # a grid line every 0.25, or every 0.5, 1, 2, ... where that would draw more than 16
+    while top_ratio / step > 16:
+        step *= 2
+    for i in range(int(top_ratio / step) + 1):
+        r = i * step
+        label = f"{r:.2f}" if step < 1 else f"{r:g}"
         out.append(f'<line x1="{left}" y1="{y(r):.1f}" x2="{left + plot_w}" y2="{y(r):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 8}" y="{y(r) + 4:.1f}" text-anchor="end">{r:.2f}</text>')
+        out.append(f'<text x="{left - 8}" y="{y(r) + 4:.1f}" text-anchor="end">{label}</text>')
     out.append(f'<line x1="{left}" y1="{y(1):.1f}" x2="{left + plot_w}" y2="{y(1):.1f}" stroke="black" stroke-dasharray="4 3"/>')
     for k in ks:
         out.append(f'<text x="{x(k):.1f}" y="{top + plot_h + 18}" text-anchor="middle">{k}</text>')
@@ -85,17 +93,19 @@ def svg(ks, rows, title):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
+    parser = argparse.ArgumentParser(prog="plot_learners.py", description=__doc__.strip().split("\n\n")[0])
+    parser.add_argument("table", help="a table written by quiver-bench-learners --output")
+    parser.add_argument("svg", help="the SVG to write (atomically)")
+    args = parser.parse_args()
     try:
-        ks, rows = read_table(sys.argv[1])
+        ks, rows = read_table(args.table)
     except (OSError, ValueError, IndexError) as error:
         sys.exit(f"plot_learners: {error}")
     text = svg(ks, rows, "k learners with SMA vs single-stream (dashed: 1.0)")
     try:
-        write_atomically(sys.argv[2], text)
+        write_atomically(args.svg, text)
     except OSError as error:
-        sys.exit(f"plot_learners: cannot write {sys.argv[2]}: {error}")
+        sys.exit(f"plot_learners: cannot write {args.svg}: {error}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,11 @@ def feeder_summary(events):
 
 
 def number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number that a double holds (Python reads a 400-digit integer exactly, and
+    math.isfinite of it overflows)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 2.0 ** 1023 if isinstance(value, int) else math.isfinite(value)
 
 
 def complete(event):
@@ -66,7 +70,7 @@ def main(argv):
         if not isinstance(listed, list):
             raise TypeError("traceEvents is not a list")
         events = [e for e in listed if complete(e)]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:  # RecursionError: nesting too deep
         print(f"trace_summary: {args.trace}: not a readable Chrome trace ({error})", file=sys.stderr)
         return 1
     skipped = sum(1 for e in listed if isinstance(e, dict) and e.get("ph") == "X") - len(events)
