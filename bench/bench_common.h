@@ -158,6 +158,17 @@ inline std::vector<double> near_only(const std::vector<double>& values, const st
   return kept;
 }
 
+// A bench timing more threads than the machine has cores measures the threads taking turns (and
+// the auto policy profiles every count up to them first): said once, on stderr, so it is not
+// mistaken for the engine's speed. A 16-core run of a 2-core machine's command is fine as it is.
+inline void warn_if_oversubscribed(const char* program, int threads) {
+  if (threads > available_cores())
+    std::fprintf(stderr,
+                 "%s: warning: %d threads on %d cores: they will take turns on the cores, and the timings measure "
+                 "that\n",
+                 program, threads, available_cores());
+}
+
 // The options the benchmark grids share (models x batches, timed in rounds after a warm-up).
 struct GridOptions {
   std::vector<std::string> models = {"mlp", "cnn", "lstm"};
@@ -230,14 +241,22 @@ inline bool parse_grid_flag(const std::string& flag, const std::string& value, G
 struct BatchPool {
   BatchPool(const ModelSpec& spec, int64_t batch, int most = 64) : batch(batch) {
     features = spec.sample_shape.numel();
-    const int64_t fit = (int64_t{64} << 20) / (batch * features * static_cast<int64_t>(sizeof(float)));
-    pool = static_cast<int>(std::clamp<int64_t>(fit, 2, std::max(2, most)));
+    pool = batches_for(features, batch, most);
     std::mt19937_64 rng(42);
     std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
     images.resize(static_cast<size_t>(pool * batch * features));
     labels.resize(static_cast<size_t>(pool * batch));
     for (float& v : images) v = pixel(rng);
     for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 10);
+  }
+  // How many batches a pool of `batch` samples of `features` values holds, and its bytes.
+  static int batches_for(int64_t features, int64_t batch, int most) {
+    const int64_t fit = (int64_t{64} << 20) / (batch * features * static_cast<int64_t>(sizeof(float)));
+    return static_cast<int>(std::clamp<int64_t>(fit, 2, std::max(2, most)));
+  }
+  static int64_t bytes_for(const ModelSpec& spec, int64_t batch, int most) {
+    const int64_t features = spec.sample_shape.numel();
+    return batches_for(features, batch, most) * batch * (features * static_cast<int64_t>(sizeof(float)) + 4);
   }
   const float* images_of(int64_t step) const { return images.data() + (step % pool) * batch * features; }
   const int32_t* labels_of(int64_t step) const { return labels.data() + (step % pool) * batch; }

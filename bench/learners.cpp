@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quiver-bench-learners: %s\n", error.what());
     return 2;
   }
+  if (o.device.is_cpu()) quiver::bench::warn_if_oversubscribed("quiver-bench-learners", o.threads);
   std::string header = "| model | batch per learner | staleness | sync period | single-stream samples/s |";
   std::string rule = "|---|---|---|---|---|";
   for (int k : o.learners) header += cat(" ", k, " learner(s) |"), rule += "---|";
@@ -144,6 +145,30 @@ int main(int argc, char** argv) {
     for (const std::string& model : o.models)
       for (int64_t batch : o.batches) {
         const int most = *std::max_element(o.learners.begin(), o.learners.end());
+        // Every configuration of this row is built before any is timed, and a replica's pages are
+        // touched only when it trains, so each one's memory check is given what the ones before
+        // it left (memory_limit) rather than what the system still reports free.
+        const int64_t available = o.device.is_cpu() ? available_memory_bytes() : -1;
+        int64_t committed = bench::BatchPool::bytes_for(models::by_name(model), batch * most, 8);
+        auto left_after = [&](const std::string& what) {
+          if (available < 0) return int64_t{0};  // unknown: no limit (each check reads the system's)
+          if (committed >= available)
+            throw Error(cat(model, " at --batches ", batch, " with up to ", most, " learners: ", what, " need about ",
+                            committed >> 20, " MiB, only ", available >> 20, " MiB are available"));
+          return available - committed;
+        };
+        left_after("the random batches");
+        // An object refused by its memory check, named with what the bench holds besides it (its
+        // check says "memory limit" of the limit set above).
+        auto within_what_is_left = [&](const std::string& what, auto&& build) {
+          try {
+            return build();
+          } catch (const Error& error) {
+            if (available < 0) throw;
+            throw Error(cat(what, ": of ", available >> 20, " MiB available, what this bench built before it takes about ",
+                            committed >> 20, " MiB: ", error.what()));
+          }
+        };
         const bench::BatchPool data(models::by_name(model), batch * most, 8);
         TrainOptions train;
         train.batch = batch;
@@ -152,7 +177,11 @@ int main(int argc, char** argv) {
         train.profile_cache = "";
         train.retrial_seconds = 0.0;  // auto is timed on its trial's schedule: no retrial inside a window
         train.device = o.device;
-        Trainer single(models::by_name(model), train);
+        train.memory_limit = left_after("the random batches");
+        Trainer single = within_what_is_left(cat(model, " single-stream at batch ", batch),
+                                             [&] { return Trainer(models::by_name(model), train); });
+        if (o.device.is_cpu()) committed += single.memory_bytes();
+
         // groups[g][i]: o.learners[i] learners under gate o.gates[g].
         auto options_for = [&](int learners, int threads, Gate gate) {
           LearnerOptions options{learners, threads, SmaOptions{}};
@@ -162,9 +191,15 @@ int main(int argc, char** argv) {
         };
         std::vector<std::vector<std::unique_ptr<LearnerGroup>>> groups(o.gates.size());
         for (size_t g = 0; g < o.gates.size(); ++g)
-          for (int k : o.learners)
-            groups[g].push_back(std::make_unique<LearnerGroup>(
-                models::by_name(model), train, options_for(k, std::max(1, o.threads / k), o.gates[g])));
+          for (int k : o.learners) {
+            train.memory_limit = left_after("the configurations before this one");
+            groups[g].push_back(within_what_is_left(cat(model, " with ", k, " learner(s) at batch ", batch), [&] {
+              return std::make_unique<LearnerGroup>(models::by_name(model), train,
+                                                    options_for(k, std::max(1, o.threads / k), o.gates[g]));
+            }));
+            // Its replicas, and z: one more model's parameters and buffers (about a replica's).
+            if (o.device.is_cpu()) committed += (k + 1) * learner_bytes(single);
+          }
         // Warm-up, one configuration at a time: `warmup` steps (rounds), then on until its
         // executors (auto policy) have finished profiling and their trials, which for the CNN
         // takes longer than 40 steps; a profiling step is slower than a settled one, and it would
@@ -238,6 +273,7 @@ int main(int argc, char** argv) {
         pool_data.images = data.images;
         pool_data.labels = data.labels;
         pool_data.count = static_cast<int64_t>(data.labels.size());
+        if (o.device.is_cpu()) committed += bench::BatchPool::bytes_for(models::by_name(model), batch * most, 8);
         for (size_t g = 0; g < o.gates.size(); ++g) {
           std::map<int, std::vector<double>>& rate = rates[g];
           std::string row = cat("| ", model, " | ", batch, " | ", o.gates[g].staleness, " | ", o.gates[g].sync_period,
@@ -252,6 +288,7 @@ int main(int argc, char** argv) {
           tuned.tune_cores = o.threads;
           tuned.tune_leap = o.tune_leap;
           tuned.max_learners = o.device.is_cpu() ? std::min(most, o.threads) : most;
+          train.memory_limit = left_after("the configurations measured and a copy of the random batches");
           LearnerGroup tuner(models::by_name(model), train, tuned);
           tuner.on_epoch([&tuner](const EpochReport&) { return !tuner.tuned(); });  // an epoch is a few rounds here
           tuner.fit(pool_data, nullptr, 1000000);

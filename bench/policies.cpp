@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quiver-bench-policies: %s\n", error.what());
     return 2;
   }
+  quiver::bench::warn_if_oversubscribed("quiver-bench-policies", o.threads);
   const std::vector<Config> list = configs(o.threads);
   std::string header = "| model | batch |";
   std::string rule = "|---|---|";
