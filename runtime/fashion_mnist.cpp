@@ -17,8 +17,8 @@ namespace {
 constexpr const char* kDefaultDir = "/usr/share/datasets/fashion-mnist";
 constexpr int32_t kNumClasses = 10;
 constexpr const char* kHowToGetIt =
-    "install it with `apt-get install dataset-fashion-mnist`, or point --data or "
-    "QUIVER_DATA_DIR at a directory holding the IDX files";
+    "install it with `apt-get install dataset-fashion-mnist`, or point QUIVER_DATA_DIR (quiver-train: "
+    "--data) at a directory holding the IDX files";
 
 // What is at `path`: file_type::not_found when nothing is; an error that is not "nothing there"
 // (a directory on the way the user may not search) is said as it is, not as a missing file.
