@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -389,14 +391,25 @@ bool PerfModel::read(const std::string& path, bool quiet) {
 namespace {
 
 // An exclusive flock on a directory while alive; nothing when the directory cannot be opened (the
-// write that follows then fails with its own message).
+// write that follows then fails with its own message) or cannot be locked (a file system without
+// locks). Waits at most `wait_s` for another holder, then throws quiver::Error.
 class DirectoryLock {
  public:
-  explicit DirectoryLock(const std::filesystem::path& directory)
+  DirectoryLock(const std::filesystem::path& directory, double wait_s)
       : fd_(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
-    if (fd_ >= 0)
-      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    if (fd_ < 0) return;
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(std::max(0.0, wait_s)));
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) return;  // no locks here: write without one, as before
+      if (Clock::now() >= deadline) {
+        ::close(fd_);
+        throw Error(cat("the directory '", directory.string(), "' stayed locked by another save for ", wait_s,
+                        " s (a process stopped while saving its profiles?)"));
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   ~DirectoryLock() {
     if (fd_ >= 0) ::close(fd_);  // releases the lock
@@ -433,7 +446,7 @@ bool holds_profile_cache(const std::string& path, std::string* why) {
 
 }  // namespace
 
-void PerfModel::save(const std::string& path) const {
+void PerfModel::save(const std::string& path, double lock_wait_s) const {
   // A file given by mistake (a checkpoint, notes) was ignored by load() with a warning; it is not
   // replaced either.
   std::error_code exists_error;
@@ -452,7 +465,7 @@ void PerfModel::save(const std::string& path) const {
   // lock is on the directory the write lands in: two processes that reach one cache through
   // different links must take the same lock.
   const std::filesystem::path written_in = std::filesystem::path(atomic_write_target(path, "profile cache")).parent_path();
-  const DirectoryLock lock(written_in.empty() ? std::filesystem::path(".") : written_in);
+  const DirectoryLock lock(written_in.empty() ? std::filesystem::path(".") : written_in, lock_wait_s);
   std::map<std::string, Entry> merged;
   PerfModel on_disk(max_threads_);
   if (on_disk.read(path, /*quiet=*/true)) merged = std::move(on_disk.entries_);

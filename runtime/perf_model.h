@@ -79,8 +79,10 @@ class PerfModel {
   // the file holds by then (another process may have saved since this one loaded it): the file's
   // timings stand for every op and thread count this process only loaded, this process's for
   // those it measured. Throws quiver::Error, replacing nothing, when `path` exists and is not a
-  // profile cache.
-  void save(const std::string& path) const;
+  // profile cache. Saves of one cache take turns (a lock on its directory); a save that waits
+  // longer than `lock_wait_s` for another (a process stopped while saving, a stuck network file
+  // system) throws quiver::Error, writing nothing, instead of hanging the run that saves.
+  void save(const std::string& path, double lock_wait_s = 10.0) const;
   size_t size() const { return entries_.size(); }
 
  private:

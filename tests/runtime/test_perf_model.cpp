@@ -14,6 +14,10 @@
 #include <sstream>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/builder.h"
@@ -374,6 +378,35 @@ TEST(PerfModel, SavesMergeWhatAnotherProcessWroteMeanwhile) {
   EXPECT_DOUBLE_EQ(both.measured("lstm", 2), 5e-4);
   EXPECT_DOUBLE_EQ(both.measured("shared", 1), 3e-4) << "the later save's own timing";
   std::filesystem::remove(path);
+}
+
+// A save waits for another's lock on the cache's directory, but not for ever: one held past the
+// wait (a process stopped while saving) is an error that writes nothing; once it is released the
+// save goes through.
+TEST(PerfModel, ASaveWaitsForAnotherOnlySoLong) {
+  const std::filesystem::path directory = temp_path("locked_dir");
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directory(directory);
+  const std::string path = (directory / "cache.json").string();
+  PerfModel model(2);
+  model.add_sample("matmul", 1, 4e-4), model.add_sample("matmul", 2, 2.5e-4);
+  model.fit();
+  const int held = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // another save's lock
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  try {
+    model.save(path, 0.2);
+    ADD_FAILURE() << "a save must not write while another holds the lock";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("stayed locked by another save for 0.2 s"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  ::close(held);  // released
+  model.save(path, 0.2);
+  PerfModel loaded(2);
+  EXPECT_TRUE(loaded.load(path));
+  std::filesystem::remove_all(directory);
 }
 
 // What a process only loaded does not overwrite the file: another process that refreshed an op
