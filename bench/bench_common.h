@@ -164,8 +164,8 @@ inline std::vector<double> near_only(const std::vector<double>& values, const st
 inline void warn_if_oversubscribed(const char* program, int threads) {
   if (threads > available_cores())
     std::fprintf(stderr,
-                 "%s: warning: %d threads on %d cores: they will take turns on the cores, and the timings measure "
-                 "that\n",
+                 "%s: warning: %d threads on %d core(s): they will take turns on the cores, and the timings "
+                 "measure that\n",
                  program, threads, available_cores());
 }
 

@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
         // touched only when it trains, so each one's memory check is given what the ones before
         // it left (memory_limit) rather than what the system still reports free.
         const int64_t available = o.device.is_cpu() ? available_memory_bytes() : -1;
-        int64_t committed = bench::BatchPool::bytes_for(models::by_name(model), batch * most, 8);
+        const int64_t pool_bytes = bench::BatchPool::bytes_for(models::by_name(model), batch * most, 8);
+        int64_t committed = pool_bytes;
         auto left_after = [&](const std::string& what) {
           if (available < 0) return int64_t{0};  // unknown: no limit (each check reads the system's)
           if (committed >= available)
@@ -158,13 +159,14 @@ int main(int argc, char** argv) {
           return available - committed;
         };
         left_after("the random batches");
-        // An object refused by its memory check, named with what the bench holds besides it (its
-        // check says "memory limit" of the limit set above).
+        // An object refused by its memory check (its message counts MiB, and says "memory limit"
+        // of the limit set above) is named with what the bench holds besides it; other errors
+        // pass as they are.
         auto within_what_is_left = [&](const std::string& what, auto&& build) {
           try {
             return build();
           } catch (const Error& error) {
-            if (available < 0) throw;
+            if (available < 0 || std::string(error.what()).find(" MiB") == std::string::npos) throw;
             throw Error(cat(what, ": of ", available >> 20, " MiB available, what this bench built before it takes about ",
                             committed >> 20, " MiB: ", error.what()));
           }
@@ -273,7 +275,7 @@ int main(int argc, char** argv) {
         pool_data.images = data.images;
         pool_data.labels = data.labels;
         pool_data.count = static_cast<int64_t>(data.labels.size());
-        if (o.device.is_cpu()) committed += bench::BatchPool::bytes_for(models::by_name(model), batch * most, 8);
+        if (o.device.is_cpu()) committed += pool_bytes;
         for (size_t g = 0; g < o.gates.size(); ++g) {
           std::map<int, std::vector<double>>& rate = rates[g];
           std::string row = cat("| ", model, " | ", batch, " | ", o.gates[g].staleness, " | ", o.gates[g].sync_period,

@@ -397,11 +397,14 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
 
 void Executor::save_profiles() {
   profiles_unsaved_ = false;
-  if (options_.profile_cache.empty() || !options_.save_profiles) return;
+  if (options_.profile_cache.empty() || !options_.save_profiles || cache_failed_) return;
   try {
     model_.save(options_.profile_cache);
   } catch (const std::exception& error) {
-    warn(cat("profiles not cached: ", error.what()));
+    // Not tried again: a save after every retrial would wait out a held lock (or repeat the
+    // warning) every few seconds of training.
+    cache_failed_ = true;
+    warn(cat("profiles not cached: ", error.what(), "; this executor saves them no more"));
   }
 }
 

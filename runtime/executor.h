@@ -218,6 +218,7 @@ class Executor {
   int64_t settled_steps_ = 0;
   int model_refreshes_ = 0, refreshed_pairs_ = 0;
   bool profiles_unsaved_ = false;  // refreshed since the cache was last written
+  bool cache_failed_ = false;      // a save failed: no more are tried
   PerfModel model_;
   // model_'s predictions by position and thread count (1..capacity_), and each position's fastest
   // count, tabled after every fit: the scheduler asks for them at every launch, and a lookup by

@@ -53,3 +53,13 @@ def name_list(allowed):
 
 def int_list(text):
     return unique([positive_int(item) for item in text.split(",")], text)
+
+
+def int_list_at_most(limit):
+    """int_list, refusing an item above `limit` (what the program the script runs accepts)."""
+    def parse(text):
+        items = int_list(text)
+        if any(item > limit for item in items):
+            raise argparse.ArgumentTypeError(f"each at most {limit}, got '{text}'")
+        return items
+    return parse

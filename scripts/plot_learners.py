@@ -12,6 +12,10 @@ import sys
 from atomic_write import write_atomically  # scripts/atomic_write.py
 
 
+MOST_RATIO = 1e12  # k learners against one: anything near this is a broken table, and the plot's
+                  # scale (1.1x the largest) must stay finite
+
+
 def read_table(path):
     """The learner counts in ascending order and, per table row, its name and its ratios to
     single-stream in that order. Raises ValueError when the file holds no such table."""
@@ -51,8 +55,9 @@ def read_table(path):
         single = rate(cells[first], "single-stream samples/s")
         rates = [rate(c, header[first + 1 + i]) for i, c in enumerate(cells[first + 1:first + 1 + len(ks)])]
         ratios = [rates[i] / single for i in order]
-        if not all(math.isfinite(r) for r in ratios):
-            raise ValueError(f"{path}: the ratios of '{name}' to its single-stream samples/s overflow")
+        if not all(r <= MOST_RATIO for r in ratios):  # also an overflow to inf
+            raise ValueError(f"{path}: a ratio of '{name}' to its single-stream samples/s is above {MOST_RATIO:g}: "
+                             "no measurement")
         rows.append((name, ratios))
     return [ks[i] for i in order], rows
 

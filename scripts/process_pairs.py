@@ -37,20 +37,9 @@ import sys
 import threading
 import time
 
-from arg_types import at_most, int_list, name_list, positive_float, positive_int  # scripts/arg_types.py
+from arg_types import at_most, int_list_at_most, name_list, positive_float, positive_int  # scripts/arg_types.py
 
 MOST_STEPS = 1000000  # quiver-bench-throughput's --steps takes at most this
-
-
-def int_list_at_most(limit):
-    """A comma-separated list of positive integers, none above `limit`."""
-    def parse(text):
-        items = int_list(text)
-        for item in items:
-            if item > limit:
-                raise argparse.ArgumentTypeError(f"each at most {limit}, got '{text}'")
-        return items
-    return parse
 from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
 
 
