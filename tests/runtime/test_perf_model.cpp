@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -468,6 +469,32 @@ ExecutorOptions settling_auto() {
   options.trial_seconds = 0.0;
   options.retrial_seconds = 0.0;
   return options;
+}
+
+// An executor whose profile save failed (here: the cache path holds another JSON document, which
+// a save leaves as it is) says so once and tries no more, however often its model is refreshed
+// afterwards: a save that waits out another's lock would otherwise stall every retrial.
+TEST(PerfModel, AnExecutorTriesAFailedSaveOnce) {
+  const std::string path = temp_path("not_a_cache.json");
+  { std::ofstream(path) << "{\"something\": \"else\"}\n"; }
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = settling_auto();
+  options.profile_cache = path;
+  options.refresh_steps = 1;
+  options.refresh_tolerance = 0.0;  // every timing contradicts the model: a refresh every step
+  CapturedWarnings warnings;
+  {
+    Executor executor(trainer->train_plan(), options);
+    for (int step = 0; step < 400 && executor.model_refreshes() < 3; ++step) executor.run();
+    EXPECT_GE(executor.model_refreshes(), 3);
+  }  // and the executor's last save as it goes
+  int failed = 0;
+  for (const std::string& message : warnings.messages)
+    if (message.find("profiles not cached") != std::string::npos) ++failed;
+  EXPECT_EQ(failed, 1);
+  std::ifstream kept(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "{\"something\": \"else\"}\n");
+  std::filesystem::remove(path);
 }
 
 // auto's last trial's median step per candidate schedule (the learner tuner's one-thread bound
