@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
             return build();
           } catch (const Error& error) {
             if (available < 0 || std::string(error.what()).find(" MiB") == std::string::npos) throw;
-            throw Error(cat(what, ": of ", available >> 20, " MiB available, what this bench built before it takes about ",
-                            committed >> 20, " MiB: ", error.what()));
+            throw Error(cat(what, ": of ", available >> 20, " MiB available, what this bench built before it takes ",
+                            "about ", committed >> 20, " MiB: ", error.what()));
           }
         };
         const bench::BatchPool data(models::by_name(model), batch * most, 8);
@@ -183,7 +183,6 @@ int main(int argc, char** argv) {
         Trainer single = within_what_is_left(cat(model, " single-stream at batch ", batch),
                                              [&] { return Trainer(models::by_name(model), train); });
         if (o.device.is_cpu()) committed += single.memory_bytes();
-
         // groups[g][i]: o.learners[i] learners under gate o.gates[g].
         auto options_for = [&](int learners, int threads, Gate gate) {
           LearnerOptions options{learners, threads, SmaOptions{}};

@@ -240,7 +240,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quiver-bench-throughput: %s\n", error.what());
     return 2;
   }
-  if (o.device.is_cpu()) quiver::bench::warn_if_oversubscribed("quiver-bench-throughput", *std::max_element(o.threads.begin(), o.threads.end()));
+  if (o.device.is_cpu())
+    quiver::bench::warn_if_oversubscribed("quiver-bench-throughput",
+                                          *std::max_element(o.threads.begin(), o.threads.end()));
   bool peer = !o.peer.empty() && std::filesystem::exists(o.peer);
   if (peer && o.window > 0.0) {  // the peer times --steps steps: the two would time different windows
     std::fprintf(stderr, "quiver-bench-throughput: --window: the libtorch peer times --steps steps only; add --no-peer\n");

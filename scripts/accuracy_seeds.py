@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from arg_types import name_list, positive_int  # scripts/arg_types.py
-from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
+from atomic_write import keep_partial, target_of, write_atomically  # scripts/atomic_write.py
 
 MODELS = ("mlp", "cnn", "lstm")
 MOST_SEEDS = 10000
@@ -110,12 +110,7 @@ def main():
     except (RuntimeError, OSError) as error:
         print(f"accuracy_seeds.py: {error}", file=sys.stderr)
         if args.output and len(rows) > 1:  # the runs that finished are kept, beside --output, not over it
-            partial = args.output + ".partial"
-            try:
-                write_atomically(partial, "\n".join(rows) + "\n")
-                print(f"accuracy_seeds.py: the {len(rows) - 1} runs before it are in {partial}", file=sys.stderr)
-            except OSError as write_error:
-                print(f"accuracy_seeds.py: --output: {write_error}", file=sys.stderr)
+            keep_partial(args.output, "\n".join(rows) + "\n", "accuracy_seeds.py", f"the {len(rows) - 1} runs")
         return 1
     if args.output:
         try:

@@ -2,6 +2,7 @@
 (the project's rule for files users care about; runtime/atomic_file.h is the library's)."""
 import os
 import stat
+import sys
 import tempfile
 
 
@@ -63,3 +64,14 @@ def write_atomically(path, text):
         os.fsync(descriptor)  # the rename itself on disk
     finally:
         os.close(descriptor)
+
+
+def keep_partial(output, text, program, what):
+    """After a failed run: `text` (what it finished) goes to OUTPUT.partial, beside --output, which
+    stays as it was; says where on stderr, naming `what` it holds (a write that fails is said too)."""
+    partial = output + ".partial"
+    try:
+        write_atomically(partial, text)
+        print(f"{program}: {what} before it are in {partial}", file=sys.stderr)
+    except OSError as error:
+        print(f"{program}: cannot write {partial}: {error}", file=sys.stderr)

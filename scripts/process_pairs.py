@@ -40,7 +40,7 @@ import time
 from arg_types import at_most, int_list_at_most, name_list, positive_float, positive_int  # scripts/arg_types.py
 
 MOST_STEPS = 1000000  # quiver-bench-throughput's --steps takes at most this
-from atomic_write import target_of, write_atomically  # scripts/atomic_write.py
+from atomic_write import keep_partial, target_of, write_atomically  # scripts/atomic_write.py
 
 
 class Engine:
@@ -245,12 +245,7 @@ def main():
     except (RuntimeError, OSError) as error:
         # The rows measured before the failure are kept beside --output (which stays as it was).
         if args.output and table != header:
-            partial = args.output + ".partial"
-            try:
-                write_atomically(partial, table)
-                print(f"process_pairs.py: the rows measured before it are in {partial}", file=sys.stderr)
-            except OSError as partial_error:
-                print(f"process_pairs.py: cannot write {partial}: {partial_error}", file=sys.stderr)
+            keep_partial(args.output, table, "process_pairs.py", "the rows measured")
         sys.exit(f"process_pairs.py: {error}")
     for line in uneven:
         print(f"# uneven pair: {line}")
