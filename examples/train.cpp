@@ -273,7 +273,7 @@ int run(int argc, char** argv) {
                   << executor->tuning_runs_left() << " steps\n";
       else
         std::cout << "auto: profiling ops and trying schedules over the first " << executor->tuning_runs_left()
-                  << " steps" << (o.profile_cache.empty() ? std::string() : cat(" (profiles cached in ", o.profile_cache, ")"))
+                  << " steps" << (o.profile_cache.empty() ? std::string() : cat(" (profile cache: ", o.profile_cache, ")"))
                   << "\n";
     }
     if (!command.quiet) trainer.on_progress(show_progress);

@@ -330,6 +330,10 @@ std::optional<std::string> cache_text(const std::string& path, std::string* why 
 
 }  // namespace
 
+namespace {
+bool holds_profile_cache(const std::string& path, std::string* why);  // below, with save()
+}  // namespace
+
 bool PerfModel::load(const std::string& path) { return read(path, /*quiet=*/false); }
 
 bool PerfModel::read(const std::string& path, bool quiet) {
@@ -380,7 +384,14 @@ bool PerfModel::read(const std::string& path, bool quiet) {
       }
     }
   } catch (const std::exception& error) {
-    warn(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
+    // A file given by mistake (another JSON document, notes) is no corrupt cache: save() will not
+    // write over it either, which the warning says now rather than at the first save.
+    std::string not_ours;
+    if (!holds_profile_cache(path, &not_ours))
+      warn(cat("ignoring '", path, "' as a profile cache: ", not_ours,
+               " (it is left as it is, and no profiles are cached in it); ops will be profiled again"));
+    else
+      warn(cat("ignoring corrupt profile cache '", path, "': ", error.what(), "; ops will be profiled again"));
     return false;
   }
   for (auto& [key, entry] : loaded) entries_[key] = std::move(entry);

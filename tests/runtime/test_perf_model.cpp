@@ -255,7 +255,9 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
     EXPECT_NE(warnings.messages[0].find(path), std::string::npos) << warnings.messages[0];
   };
   expect_ignored("{\"format\": \"quiver-profile-cache\", \"version\": 1, \"ops\": {", "corrupt");
-  expect_ignored("not json at all", "corrupt");
+  // A file that is no cache at all (text, another JSON document) is said to be left as it is.
+  expect_ignored("not json at all", "as a profile cache: not a profile cache (it is left as it is");
+  expect_ignored("{\"something\": \"else\"}", "as a profile cache: not a profile cache (it is left as it is");
   nlohmann::json bad = original;
   bad["ops"]["conv"]["median_s"] = {1e-3};  // two counts, one time
   expect_ignored(bad.dump(), "corrupt");
