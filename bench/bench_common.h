@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/nn.h"
 #include "models/models.h"
@@ -110,6 +111,12 @@ auto for_flag(const std::string& flag, Parse&& parse) {
 inline void check_staleness_on(const Device& device, bool any_staleness) {
   if (any_staleness && !device.is_cpu())
     throw Error("--staleness: CPU learners only for now (CUDA learners synchronise every round)");
+}
+
+// A GPU that is not there (a CPU-only build, no driver, an index past the devices) is named with
+// the flag, before any table is printed.
+inline void check_device_present(const Device& device) {
+  if (!device.is_cpu()) for_flag("--device", [&] { return &backend_for(device); });
 }
 
 // The model names given to `flag`, each checked.

@@ -89,6 +89,7 @@ Options parse(int argc, char** argv) {
   }
   const bool stale = std::any_of(o.staleness.begin(), o.staleness.end(), [](int s) { return s > 0; });
   bench::check_staleness_on(o.device, stale);
+  bench::check_device_present(o.device);
   if (stale && std::any_of(o.sync_periods.begin(), o.sync_periods.end(), [](int p) { return p > 1; }))
     throw Error("--sync-periods: a sync period is for synchronous rounds; measure it without --staleness");
   for (int staleness : o.staleness)

@@ -110,6 +110,7 @@ BenchOptions parse(int argc, char** argv) {
     o.peer.clear();
     o.threads = {1};
   }
+  bench::check_device_present(o.device);
   return o;
 }
 

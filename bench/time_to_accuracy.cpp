@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
       }
     }
     bench::check_staleness_on(device, staleness > 0);
+    bench::check_device_present(device);
     if (staleness > 0 && sync_period > 1)
       throw Error("--sync-period: a sync period is for synchronous rounds; not with --staleness");
     if (device.is_cpu() && fixed_learners > available_cores())
