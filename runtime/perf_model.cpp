@@ -328,10 +328,8 @@ std::optional<std::string> cache_text(const std::string& path, std::string* why 
   return text.str();
 }
 
-}  // namespace
-
-namespace {
 bool holds_profile_cache(const std::string& path, std::string* why);  // below, with save()
+
 }  // namespace
 
 bool PerfModel::load(const std::string& path) { return read(path, /*quiet=*/false); }
