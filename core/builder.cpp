@@ -218,10 +218,10 @@ Value GraphBuilder::reshape(Value x, const Shape& shape, const std::string& name
 }
 
 Value GraphBuilder::flatten(Value x, const std::string& name) {
-  const Shape& in = shape(x);
-  if (in.rank() < 1) throw Error(cat("flatten '", name, "': input is a scalar"));
-  return reshape(x, Shape{in[0], in.numel() / std::max<int64_t>(1, in[0])},
-                 name.empty() ? "" : name);
+  const std::string what = name.empty() ? std::string("flatten") : cat("flatten '", name, "'");
+  const Shape in = graph_.value(graph_.id_of(x, cat(what, ": input"))).shape;
+  if (in.rank() < 1) throw Error(cat(what, ": input is a scalar"));
+  return reshape(x, Shape{in[0], in.numel() / std::max<int64_t>(1, in[0])}, name);
 }
 
 Value GraphBuilder::softmax_cross_entropy(Value logits, Value labels, const std::string& name) {

@@ -25,7 +25,8 @@ class GraphBuilder {
 
   Graph& graph() { return graph_; }
   const Graph& graph() const { return graph_; }
-  const Shape& shape(Value value) const { return graph_.value(graph_.id_of(value, "shape")).shape; }
+  // A copy: a reference into the graph would dangle once the graph grows.
+  Shape shape(Value value) const { return graph_.value(graph_.id_of(value, "shape")).shape; }
 
   Value input(const std::string& name, const Shape& shape, DType dtype = DType::F32);
   Value parameter(const std::string& name, const Shape& shape, ParamInit init);

@@ -9,6 +9,18 @@
 
 namespace quiver {
 
+namespace {
+// What an attribute holds, for the message when it is read as another type.
+const char* kind_of(const AttrValue& value) {
+  switch (value.index()) {
+    case 0: return "an integer";
+    case 1: return "a float";
+    case 2: return "a list of integers";
+    default: return "a string";
+  }
+}
+}  // namespace
+
 Attrs& Attrs::set(const std::string& key, AttrValue value) {
   values_[key] = std::move(value);
   return *this;
@@ -16,8 +28,9 @@ Attrs& Attrs::set(const std::string& key, AttrValue value) {
 
 int64_t Attrs::get_int(const std::string& key) const {
   auto found = values_.find(key);
-  if (found == values_.end() || !std::holds_alternative<int64_t>(found->second))
-    throw Error(cat("missing integer attribute '", key, "'"));
+  if (found == values_.end()) throw Error(cat("missing integer attribute '", key, "'"));
+  if (!std::holds_alternative<int64_t>(found->second))
+    throw Error(cat("attribute '", key, "' is ", kind_of(found->second), ", not an integer"));
   return std::get<int64_t>(found->second);
 }
 
@@ -31,7 +44,7 @@ double Attrs::get_float(const std::string& key) const {
   if (std::holds_alternative<int64_t>(found->second))
     return static_cast<double>(std::get<int64_t>(found->second));
   if (!std::holds_alternative<double>(found->second))
-    throw Error(cat("attribute '", key, "' is not a number"));
+    throw Error(cat("attribute '", key, "' is ", kind_of(found->second), ", not a number"));
   return std::get<double>(found->second);
 }
 
@@ -41,8 +54,9 @@ double Attrs::get_float(const std::string& key, double fallback) const {
 
 const std::vector<int64_t>& Attrs::get_ints(const std::string& key) const {
   auto found = values_.find(key);
-  if (found == values_.end() || !std::holds_alternative<std::vector<int64_t>>(found->second))
-    throw Error(cat("missing integer-list attribute '", key, "'"));
+  if (found == values_.end()) throw Error(cat("missing integer-list attribute '", key, "'"));
+  if (!std::holds_alternative<std::vector<int64_t>>(found->second))
+    throw Error(cat("attribute '", key, "' is ", kind_of(found->second), ", not a list of integers"));
   return std::get<std::vector<int64_t>>(found->second);
 }
 
@@ -77,6 +91,21 @@ std::atomic<uint64_t> graphs_made{0};
 
 Graph::Graph() : serial_(++graphs_made) {}
 
+Graph::Graph(const Graph& other)
+    : serial_(++graphs_made),
+      origins_(other.origins_),
+      values_(other.values_),
+      nodes_(other.nodes_),
+      params_(other.params_),
+      readers_(other.readers_) {
+  origins_.push_back({other.serial_, static_cast<ValueId>(other.values_.size())});
+}
+
+Graph& Graph::operator=(const Graph& other) {
+  if (this != &other) *this = Graph(other);  // a copy, moved in: a new serial
+  return *this;
+}
+
 const ValueInfo& Graph::value(ValueId id) const {
   if (id < 0 || id >= static_cast<ValueId>(values_.size()))
     throw Error(cat("no value ", id, " in this graph (it has ", values_.size(), ")"));
@@ -98,8 +127,15 @@ Value Graph::handle(ValueId id) const {
 
 ValueId Graph::id_of(Value handle, const std::string& what) const {
   if (!handle.valid()) throw Error(cat(what, ": the value is empty (a default Value)"));
-  if (handle.graph != 0 && handle.graph != serial_)
-    throw Error(cat(what, ": the value belongs to another graph (one GraphBuilder's values work in its graph only)"));
+  if (handle.graph != 0 && handle.graph != serial_) {
+    const auto origin = std::find_if(origins_.begin(), origins_.end(),
+                                     [&](const Origin& o) { return o.serial == handle.graph; });
+    if (origin == origins_.end())
+      throw Error(cat(what, ": the value belongs to another graph (one GraphBuilder's values work in its graph only)"));
+    if (handle.id >= origin->values)  // added to the original after this copy was made
+      throw Error(cat(what, ": the value was added to the graph this one is a copy of after the copy was made "
+                            "(a copy takes the values it was made with, not later ones)"));
+  }
   if (handle.id >= static_cast<ValueId>(values_.size()))
     throw Error(cat(what, ": no value ", handle.id, " in this graph (it has ", values_.size(), ")"));
   return handle.id;

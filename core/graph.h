@@ -19,8 +19,10 @@ using NodeId = int;
 
 // A handle the builder API passes around: a value's id in its graph. Handles a GraphBuilder makes
 // (and Graph::handle) carry their graph's serial, so a handle from another graph is refused with
-// an error rather than taken as whichever value has its id there. Value(id) carries none (0) and
-// is taken at its word.
+// an error rather than taken as whichever value has its id there. A copy of a graph gets a serial
+// of its own and still takes its original's handles to the values it was copied with (a Plan's
+// copy takes the builder's handles), but not to values either adds afterwards. Value(id) carries
+// none (0) and is taken at its word.
 struct Value {
   ValueId id = -1;
   uint64_t graph = 0;
@@ -102,7 +104,12 @@ struct ParamInfo {
 
 class Graph {
  public:
-  Graph();  // a new serial; a copy keeps its original's, so their handles work on both
+  Graph();  // a new serial
+  // A copy has a new serial; the original's handles to the values copied work on it (id_of).
+  Graph(const Graph& other);
+  Graph& operator=(const Graph& other);
+  Graph(Graph&&) = default;  // the same graph, moved: its handles keep working
+  Graph& operator=(Graph&&) = default;
 
   // Lookups by id; an id that does not exist throws quiver::Error.
   const ValueInfo& value(ValueId id) const;
@@ -126,12 +133,20 @@ class Graph {
 
   uint64_t serial() const { return serial_; }
   Value handle(ValueId id) const;  // the handle of an existing value, carrying this graph's serial
-  // The id of `value`, after checking that it names a value of this graph (or of a copy of it);
-  // otherwise throws quiver::Error starting with `what`.
+  // The id of `value`, after checking that it names a value of this graph, or one this graph was
+  // copied with (a handle of the graph it is a copy of, made before the copy); otherwise throws
+  // quiver::Error starting with `what`.
   ValueId id_of(Value value, const std::string& what) const;
 
  private:
+  // What this graph is a copy of: each original's serial and how many values it had then (its
+  // own originals first).
+  struct Origin {
+    uint64_t serial;
+    ValueId values;
+  };
   uint64_t serial_;
+  std::vector<Origin> origins_;
   std::vector<ValueInfo> values_;
   std::vector<Node> nodes_;
   std::vector<ParamInfo> params_;

@@ -35,6 +35,17 @@ int64_t checked_product(const std::string& module, const char* what, std::initia
   return product;
 }
 
+// A layer's input, checked before the layer adds anything: one refused halfway would leave its
+// first parameters in the graph, and a corrected retry would find them "defined twice".
+void check_layer_input(const GraphBuilder& builder, Value x, const std::string& module, int rank, int axis,
+                       int64_t extent, const char* layout, const char* option) {
+  const Graph& graph = builder.graph();
+  const Shape shape = graph.value(graph.id_of(x, cat("module '", module, "': input"))).shape;
+  if (shape.rank() != rank || shape[axis] != extent)
+    throw Error(cat("module '", module, "': input of shape ", shape.str(), "; expected ", layout, " with ", option,
+                    " = ", extent));
+}
+
 LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
   if (init == LayerInit::torch_default)
     return {ParamInit::fan_in_uniform(fan_in), ParamInit::fan_in_uniform(fan_in)};
@@ -44,6 +55,7 @@ LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
 }  // namespace
 
 Value Linear::forward(GraphBuilder& builder, Value x) {
+  check_layer_input(builder, x, name(), 2, 1, options_.in_features, "(batch, features)", "features = in_features");
   Scope scope(builder, name());
   LayerParamInits init = layer_param_inits(options_.init_, options_.in_features);
   Value weight =
@@ -55,11 +67,13 @@ Value Linear::forward(GraphBuilder& builder, Value x) {
 }
 
 Value Conv2d::forward(GraphBuilder& builder, Value x) {
-  Scope scope(builder, name());
   const Conv2dOptions& o = options_;
   LayerParamInits init =
       layer_param_inits(o.init_, checked_product(name(), "the fan-in in_channels x kernel x kernel",
                                                  {o.in_channels, o.kernel_size, o.kernel_size}));
+  check_layer_input(builder, x, name(), 4, 1, o.in_channels, "(batch, channels, height, width)",
+                    "channels = in_channels");
+  Scope scope(builder, name());
   Value weight = builder.parameter(
       "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init.weight);
   Value y = builder.conv2d(x, weight, Conv2dAttrs{o.stride_, o.padding_}, "conv");
@@ -77,9 +91,10 @@ Value ReLU::forward(GraphBuilder& builder, Value x) { return builder.relu(x, nam
 Value Flatten::forward(GraphBuilder& builder, Value x) { return builder.flatten(x, name()); }
 
 Value LSTM::forward(GraphBuilder& builder, Value x) {
-  Scope scope(builder, name());
   const int64_t input = options_.input_size, hidden = options_.hidden_size;
   const int64_t gates = checked_product(name(), "the gates' width 4 x hidden_size", {4, hidden});
+  check_layer_input(builder, x, name(), 3, 2, input, "(batch, steps, features)", "features = input_size");
+  Scope scope(builder, name());
   ParamInit init = ParamInit::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
   Value wx = builder.parameter("wx", Shape{input, gates}, init);
   Value wh = builder.parameter("wh", Shape{hidden, gates}, init);

@@ -19,7 +19,7 @@ GradContext::GradContext(GraphBuilder& builder, const Node& node, std::vector<Va
 Value GradContext::input(int i) const { return builder_.graph().handle(node_.inputs.at(static_cast<size_t>(i))); }
 Value GradContext::output(int i) const { return builder_.graph().handle(node_.outputs.at(static_cast<size_t>(i))); }
 
-const Shape& GradContext::input_shape(int i) const {
+Shape GradContext::input_shape(int i) const {
   return builder_.graph().value(node_.inputs.at(i)).shape;
 }
 
@@ -30,7 +30,7 @@ void GradContext::no_gradient_through(int output, const std::string& what) const
 }
 
 void GradContext::set_input_grad(int i, Value grad) {
-  const Shape& expected = input_shape(i);
+  const Shape expected = input_shape(i);
   const Shape& got = builder_.graph().value(grad.id).shape;
   if (got != expected)
     throw Error(cat(node_.op, " '", node_.name, "': gradient of input ", i, " has shape ",

@@ -106,7 +106,7 @@ class GradContext {
   Value input(int i) const;
   Value output(int i) const;
   Value output_grad(int i) const { return output_grads_.at(i); }
-  const Shape& input_shape(int i) const;
+  Shape input_shape(int i) const;  // a copy: emitting nodes grows the graph
   // False for inputs no parameter's gradient flows through (the images): skip their work.
   bool needs_grad(int i) const { return needs_grad_.at(i); }
   void set_input_grad(int i, Value grad);

@@ -53,6 +53,11 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return tensor;
 }
 
+void Tensor::wrong_dtype(DType asked) const {
+  throw Error(cat("a tensor of ", name_of(dtype_), " values (shape ", shape_.str(), ") read as ", name_of(asked),
+                  " through ", asked == DType::F32 ? "f32()" : "i32()"));
+}
+
 void* Tensor::raw() const {
   if (!storage_) return nullptr;
   return static_cast<char*>(storage_->data()) + offset_ * size_of(dtype_);

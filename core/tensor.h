@@ -49,8 +49,16 @@ class Tensor {
   // `shape.numel()` elements starting `offset` elements into this tensor.
   Tensor slice(int64_t offset, const Shape& shape) const;
 
-  float* f32() const { return static_cast<float*>(raw()); }
-  int32_t* i32() const { return static_cast<int32_t*>(raw()); }
+  // Typed element pointers; the wrong type's (an int32 tensor's f32()) throws quiver::Error
+  // naming both, rather than handing its bits out as the other type. raw() is untyped.
+  float* f32() const {
+    if (dtype_ != DType::F32) wrong_dtype(DType::F32);
+    return static_cast<float*>(raw());
+  }
+  int32_t* i32() const {
+    if (dtype_ != DType::I32) wrong_dtype(DType::I32);
+    return static_cast<int32_t*>(raw());
+  }
   void* raw() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Both work across devices (synchronously, through the device's backend).
@@ -60,6 +68,8 @@ class Tensor {
   Tensor to_cpu() const;
 
  private:
+  [[noreturn]] void wrong_dtype(DType asked) const;
+
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;
   Shape shape_;

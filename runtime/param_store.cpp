@@ -76,7 +76,9 @@ std::vector<std::string> ParamStore::state_kinds() const {
 }
 
 Tensor ParamStore::view(const Tensor& flat, int index) const {
-  const ParamSlot& slot = slots_.at(index);
+  if (index < 0 || index >= static_cast<int>(slots_.size()))
+    throw Error(cat("no parameter ", index, " in this store (it has ", slots_.size(), ")"));
+  const ParamSlot& slot = slots_[static_cast<size_t>(index)];
   return flat.slice(slot.offset, slot.shape);
 }
 

@@ -24,6 +24,12 @@ class ParamStore {
  public:
   // The flat buffers live on `device` (initialised on the host, then copied there).
   explicit ParamStore(const Graph& graph, Device device = Device::cpu());
+  // Not copyable: a copy would share the buffers (an alias, not a snapshot) but not optimizer
+  // state created later. Copy flat_params() into a tensor of its own to keep a snapshot.
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+  ParamStore(ParamStore&&) = default;
+  ParamStore& operator=(ParamStore&&) = default;
   Device device() const { return device_; }
 
   // Seeded initialisation: each parameter's values depend only on (seed, its name).

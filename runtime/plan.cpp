@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "core/denormals.h"
 #include "core/device.h"
@@ -237,6 +238,19 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
 }
 
 void Plan::choose_kernels(const PlanOptions& options) {
+  if (!options.prefer_kernel.empty()) {  // a misspelt name would otherwise be ignored in silence
+    std::set<std::string> names;
+    const OpRegistry& registry = OpRegistry::global();
+    for (const std::string& kind : registry.kinds())
+      for (const KernelImpl& impl : registry.get(kind).kernels)
+        if (impl.device == device_.kind) names.insert(impl.name);
+    if (!names.count(options.prefer_kernel)) {
+      std::string known;
+      for (const std::string& name : names) known += cat(known.empty() ? "" : ", ", name);
+      throw Error(cat("plan: prefer_kernel '", options.prefer_kernel, "' names no ", device_.is_cpu() ? "CPU" : "CUDA",
+                      " kernel (those are: ", known, ")"));
+    }
+  }
   for (PlanStep& step : steps_) {
     const Node& node = graph_.node(step.node);
     const OpDef& def = OpRegistry::global().get(node.op);

@@ -255,7 +255,8 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
     if (builder.graph().has_name(name))
       throw Error(cat("model '", model_.name, "' names a value '", name,
                       "': the trainer keeps that name for an input of its own (rename the value)"));
-  const Shape& out = builder.shape(*logits);
+  const Graph& graph = builder.graph();
+  const Shape out = graph.value(graph.id_of(*logits, cat("model '", model_.name, "': the value its build function returned"))).shape;
   if (out.rank() != 2 || out[0] != batch)
     throw Error(cat("model '", model_.name, "' returned logits of shape ", out.str(),
                     "; expected (", batch, ", classes)"));

@@ -8,6 +8,8 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -151,6 +153,130 @@ TEST(Builder, HandlesOfNoValueOrOfAnotherGraphAreRefused) {
   EXPECT_EQ(b.graph().values().size(), values);
   // A Value(id) carries no graph and is taken at its word, as the tests' gradient fetches are.
   EXPECT_NO_THROW(b.relu(Value(x.id)));
+}
+
+// A copy of a graph (a GraphBuilder passed by value, GraphBuilder(a.graph()), a Plan's copy)
+// takes its original's handles to the values it was copied with, and nothing added to either
+// afterwards: once both had grown, a handle of one named whichever value had its id in the other.
+Value relu_in_a_copy(GraphBuilder copy, Value x) { return copy.relu(x, "copy_relu"); }  // by value: a slip
+
+TEST(Builder, ACopyTakesOnlyTheValuesItWasMadeWith) {
+  GraphBuilder a;
+  Value x = a.input("x", Shape{2, 2});
+  Value y = relu_in_a_copy(a, x);  // exists in the copy only
+  a.parameter("w", Shape{2, 2}, ParamInit::zeros());  // the id y has
+  std::string message = error_of([&] { a.add(y, x, "z"); });
+  EXPECT_NE(message.find("add 'z': input 0: the value belongs to another graph"), std::string::npos) << message;
+
+  GraphBuilder b(a.graph());
+  EXPECT_EQ(b.shape(x), (Shape{2, 2}));  // made before the copy
+  Value later_in_a = a.relu(x, "later_in_a");
+  Value new_in_b = b.relu(x, "new_in_b");
+  EXPECT_EQ(later_in_a.id, new_in_b.id);
+  message = error_of([&] { b.add(later_in_a, x, "mix"); });
+  EXPECT_NE(message.find("add 'mix': input 0: the value was added to the graph this one is a copy of after the copy"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(error_of([&] { a.relu(new_in_b); }).find("belongs to another graph"), std::string::npos);
+  // A copy of the copy still takes the first graph's handles to the values copied with it.
+  GraphBuilder c(b.graph());
+  EXPECT_EQ(c.shape(x), (Shape{2, 2}));
+  EXPECT_EQ(c.shape(new_in_b), (Shape{2, 2}));
+  EXPECT_NE(error_of([&] { c.relu(later_in_a); }).find("after the copy was made"), std::string::npos);
+  // Moving a graph keeps it the same graph.
+  GraphBuilder moved(std::move(c.graph()));
+  EXPECT_EQ(moved.shape(new_in_b), (Shape{2, 2}));
+}
+
+// shape() hands out a copy: a reference into the graph dangled once the graph grew (ASan:
+// heap-use-after-free on the next use).
+static_assert(std::is_same_v<decltype(std::declval<const GraphBuilder&>().shape(Value{})), Shape>);
+
+// A module checks its input before adding anything, so a corrected retry under the same name works
+// (the refused layer's weight once stayed behind, "defined twice"), and the message names the
+// module, the shape and the option.
+TEST(Modules, ALayerRefusedForItsInputAddsNothing) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 3});
+  const size_t values = b.graph().values().size();
+  std::string message = error_of([&] { Linear("fc", LinearOptions(4, 5)).forward(b, x); });
+  EXPECT_NE(message.find("module 'fc': input of shape [2,3]; expected (batch, features) with features = in_features = 4"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(b.graph().values().size(), values);
+  EXPECT_TRUE(b.graph().params().empty());
+  EXPECT_EQ(b.shape(Linear("fc", LinearOptions(3, 5)).forward(b, x)), (Shape{2, 5}));
+  Value image = b.input("image", Shape{1, 2, 6, 6});
+  message = error_of([&] { Conv2d("conv", Conv2dOptions(3, 4, 3)).forward(b, image); });
+  EXPECT_NE(message.find("module 'conv': input of shape [1,2,6,6]; expected (batch, channels, height, width) with "
+                         "channels = in_channels = 3"),
+            std::string::npos)
+      << message;
+  message = error_of([&] { LSTM("lstm", LSTMOptions(5, 4)).forward(b, image); });
+  EXPECT_NE(message.find("module 'lstm': input of shape [1,2,6,6]; expected (batch, steps, features)"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(b.graph().params().size(), 2u);  // fc's weight and bias only
+  GraphBuilder other;
+  message = error_of([&] { Linear("fc2", LinearOptions(3, 5)).forward(other, x); });
+  EXPECT_NE(message.find("module 'fc2': input: the value belongs to another graph"), std::string::npos) << message;
+}
+
+// An attribute of the wrong type is named as such, not as missing; an unnamed flatten says
+// "flatten", not "flatten ''".
+TEST(Builder, AnAttributeOfTheWrongTypeIsNamedSo) {
+  Attrs attrs;
+  attrs.set("kernel", 2.0).set("shape", std::vector<int64_t>{1});
+  EXPECT_NE(error_of([&] { attrs.get_int("kernel"); }).find("attribute 'kernel' is a float, not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { attrs.get_int("stride"); }).find("missing integer attribute 'stride'"), std::string::npos);
+  EXPECT_NE(error_of([&] { attrs.get_float("shape"); }).find("attribute 'shape' is a list of integers, not a number"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { attrs.get_ints("kernel"); }).find("attribute 'kernel' is a float, not a list of integers"),
+            std::string::npos);
+  GraphBuilder b;
+  EXPECT_NE(error_of([&] { b.flatten(b.input("s", Shape{})); }).find("flatten: input is a scalar"), std::string::npos);
+}
+
+// Typed element access checks the tensor's type: an int32 input written through f32() once fed
+// the float bits in silence.
+TEST(Tensor, TheWrongTypedAccessIsRefused) {
+  Tensor labels = Tensor::zeros(Shape{3}, DType::I32);
+  EXPECT_NE(error_of([&] { labels.f32(); }).find("a tensor of i32 values (shape [3]) read as f32 through f32()"), std::string::npos);
+  Tensor images = Tensor::zeros(Shape{2, 2});
+  EXPECT_NE(error_of([&] { images.i32(); }).find("a tensor of f32 values (shape [2,2]) read as i32"), std::string::npos);
+  EXPECT_NE(labels.i32(), nullptr);
+  EXPECT_EQ(labels.raw(), static_cast<void*>(labels.i32()));
+}
+
+// A ParamStore is not copyable (a copy aliased the buffers: a "snapshot" that moved with
+// training), and an index past its parameters is a quiver::Error, not std::out_of_range.
+static_assert(!std::is_copy_constructible_v<ParamStore> && !std::is_copy_assignable_v<ParamStore>);
+static_assert(std::is_move_constructible_v<ParamStore>);
+
+TEST(ParamStore, AnIndexPastTheParametersIsNamed) {
+  GraphBuilder b;
+  b.parameter("w", Shape{2}, ParamInit::zeros());
+  ParamStore store(b.graph());
+  EXPECT_NE(error_of([&] { store.param(7); }).find("no parameter 7 in this store (it has 1)"), std::string::npos);
+  EXPECT_NE(error_of([&] { store.state("velocity", -1); }).find("no parameter -1"), std::string::npos);
+  EXPECT_EQ(store.grad(0).numel(), 2);
+}
+
+// PlanOptions::prefer_kernel names a kernel; a misspelt one was ignored in silence (and a test
+// meant for the reference kernels ran the others).
+TEST(Plan, AMisspeltPreferredKernelIsRefused) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 2});
+  Value y = b.relu(x, "y");
+  ParamStore store(b.graph());
+  PlanOptions options;
+  options.prefer_kernel = "refernce";
+  const std::string message = error_of([&] { Plan(b.graph(), store, {y}, options); });
+  EXPECT_NE(message.find("prefer_kernel 'refernce' names no CPU kernel (those are: "), std::string::npos) << message;
+  EXPECT_NE(message.find("reference"), std::string::npos) << message;
+  options.prefer_kernel = "reference";
+  EXPECT_NO_THROW(Plan(b.graph(), store, {y}, options));
 }
 
 // A node refused for its control inputs leaves nothing behind (its outputs were once added first).
