@@ -177,6 +177,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--profile-cache", "/tmp"}, "--profile-cache: '/tmp' is a directory"},
                       BadFlag{{"--profile-cache", "/dev/null"}, "--profile-cache: '/dev/null' is not a regular file"},
                       BadFlag{{"--inter", "0"}, "--inter"}, BadFlag{{"--intra", "x"}, "--intra"},
+                      // The range itself, where no other rule would name the flag first.
+                      BadFlag{{"--policy", "fixed", "--inter", "0", "--intra", "1"}, "--inter: 0 is out of range [1, 4096]"},
+                      BadFlag{{"--learners", "2", "--alpha", "1.5"}, "--alpha: must be in [0, 1], got '1.5'"},
                       BadFlag{{"--staleness", "1"}, "--staleness"},
                       BadFlag{{"--lr-scaling", "linear"}, "--lr-scaling"},
                       BadFlag{{"--learners", "2", "--lr-scaling", "cubic"}, "--lr-scaling"},

@@ -167,6 +167,21 @@ TEST(PerfModel, OpKeysSeparateShapesAndAttributes) {
   std::set<std::string> keys;
   for (const Node& node : g.nodes()) keys.insert(op_key(g, node, "onednn_sgemm"));
   EXPECT_EQ(keys.size(), 3u);
+  // Ops whose inputs have the same shapes and that differ in their attributes alone (a
+  // transposed side costs a GEMM up to twice the time; another pool window is other work).
+  GraphBuilder same_shapes;
+  Value s = same_shapes.input("s", Shape{8, 8});
+  same_shapes.matmul(s, s);
+  same_shapes.matmul(s, s, true, false);
+  same_shapes.matmul(s, s, false, true);
+  Value image = same_shapes.input("image", Shape{1, 2, 6, 6});
+  same_shapes.max_pool2d(image, 2);
+  same_shapes.max_pool2d(image, 3);
+  same_shapes.max_pool2d(image, 2, 1);
+  std::set<std::string> attribute_keys;
+  for (const Node& node : same_shapes.graph().nodes())
+    attribute_keys.insert(op_key(same_shapes.graph(), node, "kernel"));
+  EXPECT_EQ(attribute_keys.size(), 6u);
 }
 
 // The cache is keyed by the CPU's design. x86 names it; a 64-bit ARM kernel gives only numbers per
