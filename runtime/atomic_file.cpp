@@ -84,6 +84,8 @@ std::string directory_of(const std::filesystem::path& target) {
 // rename cannot write into an open file, and would replace the file the process writes to.
 std::filesystem::path write_target(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
+  if (path.empty()) throw Error(cat(what, ": empty file name"));
+  if (path.back() == '/') throw Error(cat(what, ": '", path, "' names a directory, not a file"));
   fs::path target = path;
   for (int hops = 0; hops < 40; ++hops) {
     std::error_code error;

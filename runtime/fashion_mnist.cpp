@@ -48,9 +48,16 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem)
 }  // namespace
 
 void check_consistent(const Dataset& data, const std::string& who) {
-  const int64_t features = data.rows * data.cols;
-  if (data.count < 0 || static_cast<int64_t>(data.images.size()) != data.count * features ||
-      static_cast<int64_t>(data.labels.size()) != data.count)
+  // Extents of 1 and more, and a product that fits: 2^31 x 2^31 x 4 once wrapped to 0 and matched
+  // an empty image vector.
+  int64_t features = 0, floats = 0;
+  if (data.rows < 1 || data.cols < 1 || __builtin_mul_overflow(data.rows, data.cols, &features))
+    throw Error(cat(who, ": dataset is inconsistent: samples of ", data.rows, " x ", data.cols,
+                    " (rows and cols must be >= 1, their product fit in 64 bits)"));
+  if (data.count < 0 || __builtin_mul_overflow(data.count, features, &floats))
+    throw Error(cat(who, ": dataset is inconsistent: count ", data.count, " of ", features,
+                    " features each (the count must be >= 0, count x features fit in 64 bits)"));
+  if (static_cast<int64_t>(data.images.size()) != floats || static_cast<int64_t>(data.labels.size()) != data.count)
     throw Error(cat(who, ": dataset is inconsistent: count ", data.count, " x features ", features,
                     " but images holds ", data.images.size(), " floats and labels ", data.labels.size()));
 }

@@ -554,6 +554,7 @@ void LearnerGroup::reset_replicas() {
 }
 
 TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds) {
+  const FitInProgress running(fitting_);
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
@@ -664,9 +665,6 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   int64_t rounds = 0, samples = 0, batches_in_epoch = 0, batches_done = 0;
   // Epochs are numbered from the start of training: a resumed run's first is epochs_done() + 1.
   const int64_t epochs_before = epochs_done_;
-  // This fit()'s batches, for the ETA: every epoch's, less what a cut epoch trained before, or
-  // what max_rounds leaves (k batches a round).
-  const int64_t batches_to_train = epochs * per_epoch - resume_batch;
   bool keep_going = true;
   for (int64_t epoch = 1; epoch <= epochs && (max_rounds == 0 || rounds < max_rounds) && keep_going; ++epoch) {
     const int64_t number = epochs_before + epoch;
@@ -770,9 +768,13 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       if (progress_ && (last || seconds_since(last_report) > 0.5)) {
         last_report = Clock::now();
         const double elapsed = clock.training_seconds();
-        int64_t total_batches = batches_to_train;
+        // What rounds of the current k can still take: an epoch drops the per_epoch % k batches
+        // no round takes, so with 3 learners an epoch of 40 batches trains 39.
+        const int64_t whole_rounds = per_epoch / learners() * learners();
+        const int64_t epoch_batches = batches_in_epoch + (per_epoch - batches_in_epoch) / learners() * learners();
+        int64_t total_batches = batches_done + (epoch_batches - batches_in_epoch) + (epochs - epoch) * whole_rounds;
         if (max_rounds > 0) total_batches = std::min(total_batches, batches_done + (max_rounds - rounds) * learners());
-        Progress p{number, epochs_before + epochs, batches_in_epoch, per_epoch, batches_done, total_batches,
+        Progress p{number, epochs_before + epochs, batches_in_epoch, epoch_batches, batches_done, total_batches,
                    loss_sum / epoch_rounds, samples / std::max(elapsed, 1e-9),
                    clock.eta_seconds(batches_done, total_batches), last};
         progress_(p);

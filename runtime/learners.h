@@ -163,7 +163,7 @@ class LearnerGroup {
   // learner's error in that round surfaces after it was counted, and load() puts the count back
   // with the rest. Refused before training: samples that do not fit the model, labels past its
   // classes, a round larger than an epoch (also at any later epoch's start, where a callback grew
-  // the group).
+  // the group). Not from one of its own callbacks (refused).
   TrainReport fit(const Dataset& train, const Dataset* test, int64_t epochs, int64_t max_rounds = 0);
   void on_progress(std::function<void(const Progress&)> callback) { progress_ = std::move(callback); }
   // Called after each epoch (evaluation of z included), off the training clock (the tuner's
@@ -271,6 +271,7 @@ class LearnerGroup {
   std::function<bool(const Evaluation&)> evaluated_;
   std::vector<TunerStep> history_;
   bool tuned_ = false;
+  bool fitting_ = false;  // a fit() is running (FitInProgress)
   // What the latest group of each configuration (learners, threads each) had learned, from its
   // first learner's executor (profiles, and the schedule once its trial chose): every replica of
   // that configuration built again starts from it instead of profiling and trying schedules again

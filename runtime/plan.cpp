@@ -344,6 +344,8 @@ bool Plan::run_device_graph() {
 }
 
 void Plan::upload(const Tensor& dst, const void* src) const {
+  if (src == nullptr && dst.bytes() > 0)  // a batch pointer never set: a message, not a segfault
+    throw Error(cat("plan upload: no data (a null pointer) for a tensor of ", dst.shape().str()));
   if (device_.is_cpu())
     std::memcpy(dst.raw(), src, static_cast<size_t>(dst.bytes()));
   else
@@ -351,6 +353,8 @@ void Plan::upload(const Tensor& dst, const void* src) const {
 }
 
 void Plan::download(void* dst, const Tensor& src) const {
+  if (dst == nullptr && src.bytes() > 0)
+    throw Error(cat("plan download: nowhere to put a tensor of ", src.shape().str(), " (a null pointer)"));
   if (device_.is_cpu())
     std::memcpy(dst, src.raw(), static_cast<size_t>(src.bytes()));
   else
@@ -372,7 +376,9 @@ void Plan::synchronize() const {
 }
 
 void Plan::run_step(int position, const ExecContext& ctx, int64_t run_index) {
-  PlanStep& step = steps_[position];
+  if (position < 0 || position >= static_cast<int>(steps_.size()))
+    throw Error(cat("plan: no step ", position, " (the plan has ", steps_.size(), ")"));
+  PlanStep& step = steps_[static_cast<size_t>(position)];
   const Node& node = graph_.node(step.node);
   try {
     auto start = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -71,6 +71,13 @@ void check_options(const TrainOptions& o) {
   }
   if (!(o.lr_drop_factor > 0.0 && o.lr_drop_factor <= 1.0))
     throw Error(cat("learning-rate drop factor must be in (0, 1], got ", o.lr_drop_factor));
+  // The rate after the last drop is one the kernels can still take (a subnormal one is flushed to
+  // 0 there: those epochs would train nothing).
+  if (const double lowest = o.learning_rate * std::pow(o.lr_drop_factor, static_cast<double>(o.lr_drop_epochs.size()));
+      !o.lr_drop_epochs.empty() && lowest < std::numeric_limits<float>::min())
+    throw Error(cat("learning-rate drops: ", o.lr_drop_epochs.size(), " drop(s) of ", o.lr_drop_factor,
+                    " take the learning rate to ", lowest, ", below the smallest normal 32-bit float (",
+                    std::numeric_limits<float>::min(), ")"));
 }
 
 }  // namespace
@@ -333,6 +340,7 @@ void check_labels_fit(const ModelSpec& model, int64_t classes, const Dataset& da
 }
 
 TrainReport Trainer::fit(const Dataset& train, const Dataset* test) {
+  const FitInProgress running(fitting_);
   // Both sets, before the first step: a test set that does not fit would otherwise be found
   // after the first epoch of training.
   check_consistent(train, "training set");

@@ -35,7 +35,8 @@ struct TrainOptions {
   // strictly rising) the learning rate is multiplied by lr_drop_factor, so epoch e trains at
   // learning_rate x lr_drop_factor ^ (drops listed up to e). fit() follows it, a resumed run
   // too; a learner group also resets every replica to the average model at each drop (DESIGN.md
-  // section 3). Empty: one rate throughout.
+  // section 3). Empty: one rate throughout. The rate after the last drop must stay a normal
+  // 32-bit float, as learning_rate must.
   std::vector<int64_t> lr_drop_epochs;
   double lr_drop_factor = 0.1;
   double momentum = 0.9;
@@ -79,6 +80,8 @@ struct TrainOptions {
 struct Progress {
   int64_t epoch = 0, epochs = 0;
   int64_t step = 0, steps_in_epoch = 0;  // step within the epoch, 1-based
+  // With learners, steps are batches (k a round) and count only those rounds of the current k
+  // can take: an epoch drops the batches_per_epoch % k that no round takes.
   int64_t global_step = 0, total_steps = 0;
   double loss = 0.0;              // mean over the epoch so far
   double samples_per_second = 0.0;
@@ -151,6 +154,23 @@ class FitClock {
 // The most epochs one fit() trains (epochs x batches must not overflow a count).
 inline constexpr int64_t kMostEpochs = int64_t{1} << 30;
 
+// Held by a running fit() over its object's `running` flag: a fit() called from one of that
+// fit()'s own callbacks is refused, since the outer loop would then go on with its own epoch
+// numbers, learning rate and data order after the inner one had trained past them.
+class FitInProgress {
+ public:
+  explicit FitInProgress(bool& running) : running_(running) {
+    if (running_) throw Error("fit() called from one of its own callbacks, while that fit() runs");
+    running_ = true;
+  }
+  ~FitInProgress() { running_ = false; }
+  FitInProgress(const FitInProgress&) = delete;
+  FitInProgress& operator=(const FitInProgress&) = delete;
+
+ private:
+  bool& running_;
+};
+
 struct TrainReport {
   std::vector<EpochReport> epochs;
   int64_t steps = 0;
@@ -186,7 +206,7 @@ class Trainer {
   // Trains on `train` for TrainOptions::epochs more epochs (or max_steps steps); evaluates on
   // `test` after each epoch when given. A second fit() continues the data order after the epochs
   // trained to their end (one cut short by max_steps or a callback starts again), and numbers its
-  // epochs from the start of training.
+  // epochs from the start of training. Not from one of its own callbacks (refused).
   TrainReport fit(const Dataset& train, const Dataset* test = nullptr);
   int64_t epochs_done() const { return epochs_done_; }
   // Top-1 accuracy of the current parameters.
@@ -269,6 +289,7 @@ class Trainer {
   double learning_rate_;
   int64_t steps_done_ = 0;
   int64_t epochs_done_ = 0;  // epochs fit() trained to their end: the next fit() goes on after them
+  bool fitting_ = false;     // a fit() is running (FitInProgress)
   std::vector<float> host_buffer_;
   std::function<void(const Progress&)> progress_;
   std::function<bool(const EpochReport&)> epoch_done_;

@@ -44,6 +44,18 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
     return std::string("accepted");
   };
   EXPECT_EQ(message(""), "--output: empty file name");
+  // The write itself says so too, for callers that did not check first (it said "cannot move
+  // './.quiver-tmp.N' to ''").
+  auto write_message = [](const std::string& target) {
+    try {
+      write_file_atomically(target, "text", "checkpoint");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("written");
+  };
+  EXPECT_EQ(write_message(""), "checkpoint: empty file name");
+  EXPECT_EQ(write_message(dir.string() + "/"), cat("checkpoint: '", dir.string(), "/' names a directory, not a file"));
   EXPECT_EQ(message(dir.string()), cat("--output: '", dir.string(), "' is a directory"));
   // rename() would replace a device or a pipe with a regular file.
   const std::string pipe = (dir / "pipe").string();

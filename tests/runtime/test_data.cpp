@@ -730,6 +730,18 @@ TEST(DataBatcher, RejectsBadOptions) {
   Dataset broken = numbered(10);
   broken.labels.pop_back();
   expect_error([&] { Batcher b(broken, BatcherOptions{}); }, {"inconsistent"});
+  // Extents whose product wraps (2^31 x 2^31 x 4 read as 0 floats, matching no images) and
+  // negative ones are refused, not taken as consistent (the batcher then died of std::length_error).
+  Dataset wrapped;
+  wrapped.count = 4, wrapped.rows = wrapped.cols = int64_t{1} << 31;
+  wrapped.labels.assign(4, 1);
+  expect_error([&] { check_consistent(wrapped, "hand-made"); }, {"hand-made: dataset is inconsistent", "fit in 64 bits"});
+  wrapped.rows = wrapped.cols = -28;
+  expect_error([&] { check_consistent(wrapped, "hand-made"); }, {"rows and cols must be >= 1"});
+  wrapped.rows = wrapped.cols = int64_t{1} << 20;  // 2^40 features x 2^24 samples: 2^64 floats
+  wrapped.count = int64_t{1} << 24;
+  wrapped.labels.assign(0, 0);
+  expect_error([&] { check_consistent(wrapped, "hand-made"); }, {"count x features fit in 64 bits"});
 }
 
 TEST(DataBatcher, DestroyMidEpochDoesNotHang) {

@@ -242,6 +242,43 @@ TEST(Learners, EachEpochIsOnePassAndASecondFitContinuesTheOrder) {
   EXPECT_EQ(cut.epochs_done(), 1);
 }
 
+// The progress counts the batches rounds can take: 3 learners over 5 batches an epoch train 3
+// (one round), so the last report reads 3 of 3 and, over two epochs, 6 of 6 (it read 3 of 5
+// and 6 of 10, never reaching its total).
+TEST(Learners, ProgressCountsTheBatchesRoundsTake) {
+  const Dataset train = small_dataset(40, 7);  // 5 batches of 8
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{3, 1, SmaOptions{}});
+  std::vector<Progress> reports;
+  group.on_progress([&](const Progress& p) { reports.push_back(p); });
+  const TrainReport report = group.fit(train, nullptr, 2);
+  EXPECT_EQ(report.steps, 2);
+  ASSERT_FALSE(reports.empty());
+  for (const Progress& p : reports) {
+    EXPECT_EQ(p.steps_in_epoch, 3);
+    EXPECT_EQ(p.total_steps, 6);
+  }
+  EXPECT_EQ(reports.back().step, 3);
+  EXPECT_EQ(reports.back().global_step, 6);
+  EXPECT_TRUE(reports.back().last);
+}
+
+// fit() from one of its own callbacks is refused (it trained on, and the outer fit() went on
+// with its own epoch numbers and learning rate after it); the group stays usable.
+TEST(Learners, FitFromItsOwnCallbackIsRefused) {
+  const Dataset train = small_dataset(40, 7);
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{2, 1, SmaOptions{}});
+  group.on_epoch([&](const EpochReport&) {
+    group.fit(train, nullptr, 1);
+    return true;
+  });
+  EXPECT_NE(test::error_of([&] { group.fit(train, nullptr, 2); }).find("fit() called from one of its own callbacks"),
+            std::string::npos);
+  EXPECT_EQ(group.epochs_done(), 1);
+  group.on_epoch(nullptr);
+  EXPECT_EQ(group.fit(train, nullptr, 1).steps, 2);
+  EXPECT_EQ(group.epochs_done(), 2);
+}
+
 TEST(Learners, ErrorsAreClear) {
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{0, 1, SmaOptions{}}), Error);
   EXPECT_THROW(LearnerGroup(models::mlp(), recipe(), LearnerOptions{2, 0, SmaOptions{}}), Error);

@@ -606,6 +606,60 @@ TEST(Trainer, FitFollowsTheStepDecay) {
   EXPECT_DOUBLE_EQ(resumed.learning_rate(), 0.005);
 }
 
+// A step decay that takes the rate below the smallest normal float is refused when the trainer
+// is made: those epochs trained at a rate the kernels flush to 0 (the parameters never moved),
+// and a learner group failed only after its first epoch.
+TEST(Trainer, ADecayBelowTheSmallestNormalFloatIsRefused) {
+  TrainOptions options = small_fit_options(3);
+  options.lr_drop_epochs = {2};
+  options.lr_drop_factor = 1e-38;  // 0.01 -> 1e-40
+  const std::string message = error_of([&] { Trainer(models::mlp(), options); });
+  EXPECT_NE(message.find("learning-rate drops: 1 drop(s) of 1e-38 take the learning rate to 1e-40, below the smallest "
+                         "normal 32-bit float"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(error_of([&] { LearnerGroup(models::mlp(), options, LearnerOptions{2, 1, SmaOptions{}}); })
+                .find("take the learning rate to 1e-40"),
+            std::string::npos);
+  options.lr_drop_epochs = {2, 3};
+  options.lr_drop_factor = 1e-18;  // 0.01 -> 1e-20 -> 1e-38: the second drop is the one
+  EXPECT_NE(error_of([&] { Trainer(models::mlp(), options); }).find("2 drop(s)"), std::string::npos);
+  options.lr_drop_factor = 1e-17;  // 1e-36: normal
+  EXPECT_NO_THROW(Trainer(models::mlp(), options));
+}
+
+// fit() from one of its own callbacks is refused: it trained on, and the outer fit() then went on
+// with its own epoch numbers, learning rate and data order. The trainer stays usable.
+TEST(Trainer, FitFromItsOwnCallbackIsRefused) {
+  const Dataset train = synthetic(40, 3);
+  Trainer trainer(models::mlp(), small_fit_options(2));
+  trainer.on_epoch([&](const EpochReport&) {
+    trainer.fit(train);
+    return true;
+  });
+  EXPECT_NE(error_of([&] { trainer.fit(train); }).find("fit() called from one of its own callbacks"),
+            std::string::npos);
+  EXPECT_EQ(trainer.epochs_done(), 1);
+  trainer.on_epoch(nullptr);
+  EXPECT_EQ(trainer.fit(train).epochs.size(), 2u);
+  EXPECT_EQ(trainer.epochs_done(), 3);
+}
+
+// Raw batch pointers that were never set are a message, not a segfault; so is a plan step that
+// does not exist.
+TEST(Trainer, NullBatchesAndMissingStepsAreNamed) {
+  Trainer trainer(models::mlp(), small_fit_options(1));
+  EXPECT_NE(error_of([&] { trainer.train_step(nullptr, nullptr); }).find("no data (a null pointer) for a tensor of [4,784]"),
+            std::string::npos)
+      << error_of([&] { trainer.train_step(nullptr, nullptr); });
+  Plan& plan = trainer.train_plan();
+  const int64_t run = plan.begin_run();
+  const SerialContext serial;
+  for (int position : {-1, 100000})
+    EXPECT_NE(error_of([&] { plan.run_step(position, serial, run); }).find(cat("plan: no step ", position, " (the plan has ")),
+              std::string::npos);
+}
+
 // --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
 // two coincide), with training time that leaves the evaluations out; the callback can stop it.
 TEST(Trainer, EvaluatesEveryNBatchesAndCanStopThere) {
