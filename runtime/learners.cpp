@@ -602,8 +602,11 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   const int cores = options_.tune_cores > 0 ? options_.tune_cores : available_cores();
   const int tuner_step = static_cast<int>(devices_.size());  // one learner per device at a time
   std::optional<LearnerTuner> tuner;
-  tuned_ = false;
-  if (options_.tune) {
+  // A tuner that settled in an earlier fit() over the same cores keeps its choice: a caller that
+  // trains an epoch per fit() would otherwise measure every configuration again each epoch.
+  tuned_ = options_.tune && tuned_ && tuned_cores_ == cores;
+  tuned_cores_ = cores;
+  if (options_.tune && !tuned_) {
     TunerOptions tuning;
     tuning.cores = cores;
     tuning.step = tuner_step;

@@ -76,7 +76,8 @@ struct LearnerOptions {
   int threads_per_learner = 1;  // each learner's executor gets this many threads
   SmaOptions sma;
   Sync sync = Sync::Sma;
-  // fit(): tune the number of learners while training, starting from one.
+  // fit(): tune the number of learners while training, starting from one. Once the tuner has
+  // settled, later fit()s keep its choice (over the same cores) rather than tune again.
   bool tune = false;
   double tune_threshold = 0.10;  // add a learner while samples/s rises by more than this
   double tune_confirm_band = 0.10;  // a gain within this of the threshold is measured twice (learner_tuner.h)
@@ -271,6 +272,7 @@ class LearnerGroup {
   std::function<bool(const Evaluation&)> evaluated_;
   std::vector<TunerStep> history_;
   bool tuned_ = false;
+  int tuned_cores_ = 0;   // the cores the tuner worked over (a later fit() keeps its choice over these)
   bool fitting_ = false;  // a fit() is running (FitInProgress)
   // What the latest group of each configuration (learners, threads each) had learned, from its
   // first learner's executor (profiles, and the schedule once its trial chose): every replica of

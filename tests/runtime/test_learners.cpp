@@ -517,6 +517,18 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
   }
   EXPECT_EQ(group.learners(), chosen.learners);
   EXPECT_GT(report.steps, 0);
+  // A settled tuner's choice holds for the next fit(): nothing is measured again (a fit() an
+  // epoch went through every configuration each time).
+  ASSERT_TRUE(group.tuned());
+  const std::vector<TunerStep> settled = history;
+  const int threads = group.threads_per_learner();
+  group.fit(train, nullptr, 1);
+  EXPECT_TRUE(group.tuned());
+  ASSERT_EQ(group.tuner_history().size(), settled.size());
+  for (size_t i = 0; i < settled.size(); ++i)  // the same measurements, not new ones
+    EXPECT_EQ(group.tuner_history()[i].samples_per_second, settled[i].samples_per_second) << i;
+  EXPECT_EQ(group.learners(), settled.back().learners);
+  EXPECT_EQ(group.threads_per_learner(), threads);
 }
 
 // Learners beside other learners time their ops while the others' run: they read the profile
