@@ -28,6 +28,9 @@ void LearnerGroup::save(const std::string& path) const {
 }
 
 void LearnerGroup::load(const std::string& path) {
+  if (fitting_)
+    throw Error(cat("checkpoint '", path, "': not loaded: load() called from a fit() callback (fit() would go on "
+                    "counting its own rounds and epochs; load between fit()s)"));
   // Read into a scratch buffer first: a bad file leaves the running model untouched.
   const Tensor& z = average_->params().flat_params();
   Tensor scratch = Tensor::zeros(z.shape(), DType::F32);

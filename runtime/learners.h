@@ -225,7 +225,8 @@ class LearnerGroup {
   // resumes from z: a warm restart, not the replicas' exact state. Between the syncs of a sync
   // period the file holds z and the progress (rounds, samples of the epoch) as of the last sync.
   // A load is also the recovery after a learner's error (a NaN loss): one not reported yet (under
-  // a staleness bound) is dropped with a warning.
+  // a staleness bound) is dropped with a warning. Not from a fit() callback (refused: fit() would
+  // go on counting its own rounds and epochs over the loaded ones); a save there is fine.
   void save(const std::string& path) const;
   void load(const std::string& path);
   int64_t rounds_done() const { return rounds_done_; }
