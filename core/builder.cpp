@@ -140,20 +140,7 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
   for (NodeId control : node.control_inputs)
     if (control < 0 || control >= static_cast<NodeId>(graph_.nodes().size()))
       throw Error(cat(op, " '", node.name, "': control input ", control, " does not exist"));
-  std::vector<TensorType> outputs;
-  try {
-    outputs = def.infer(infer);
-  } catch (const Error& error) {
-    // InferContext::fail names the op, the node and the shapes; other errors (a missing or
-    // mistyped attribute) get them here.
-    const std::string prefix = cat(op, " '", node.name, "': ");
-    if (std::string_view(error.what()).starts_with(prefix)) throw;
-    std::string shapes;
-    for (size_t i = 0; i < infer.inputs.size(); ++i) shapes += cat(i ? ", " : "", infer.inputs[i].shape.str());
-    throw Error(cat(prefix, error.what(), " (input shapes ", shapes, ")"));
-  }
-  for (size_t i = 0; i < outputs.size(); ++i)  // e.g. a reshape to (-2, -3), which keeps the element count
-    check_extents(outputs[i].shape, cat(op, " '", node.name, "': output ", i));
+  const std::vector<TensorType> outputs = infer_outputs(def, node, std::move(infer.inputs));
   std::vector<Value> results;
   for (size_t i = 0; i < outputs.size(); ++i) {
     ValueInfo info;
@@ -168,6 +155,36 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
   return results;
 }
 
+std::vector<TensorType> GraphBuilder::infer_outputs(const OpDef& def, const Node& node,
+                                                    std::vector<TensorType> inputs) const {
+  const InferContext infer{node, std::move(inputs)};
+  std::vector<TensorType> outputs;
+  try {
+    outputs = def.infer(infer);
+  } catch (const Error& error) {
+    // InferContext::fail names the op, the node and the shapes; other errors (a missing or
+    // mistyped attribute) get them here.
+    const std::string prefix = cat(node.op, " '", node.name, "': ");
+    if (std::string_view(error.what()).starts_with(prefix)) throw;
+    std::string shapes;
+    for (size_t i = 0; i < infer.inputs.size(); ++i) shapes += cat(i ? ", " : "", infer.inputs[i].shape.str());
+    throw Error(cat(prefix, error.what(), " (input shapes ", shapes, ")"));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i)  // e.g. a reshape to (-2, -3), which keeps the element count
+    check_extents(outputs[i].shape, cat(node.op, " '", node.name, "': output ", i));
+  return outputs;
+}
+
+std::vector<TensorType> GraphBuilder::infer(const std::string& op, const std::vector<TensorType>& inputs, Attrs attrs,
+                                            const std::string& name) const {
+  const OpDef& def = OpRegistry::global().get(op);
+  Node node;
+  node.op = op;
+  node.name = scoped(name.empty() ? op : name);
+  node.attrs = std::move(attrs);
+  return infer_outputs(def, node, inputs);
+}
+
 Value GraphBuilder::apply1(const std::string& op, const std::vector<Value>& inputs, Attrs attrs,
                            const std::string& name) {
   if (OpRegistry::global().get(op).updates_in_place())
@@ -177,10 +194,20 @@ Value GraphBuilder::apply1(const std::string& op, const std::vector<Value>& inpu
   return outputs[0];
 }
 
-Value GraphBuilder::matmul(Value a, Value b, bool trans_a, bool trans_b, const std::string& name) {
+Attrs matmul_attrs(bool trans_a, bool trans_b) {
   Attrs attrs;
   attrs.set("trans_a", int64_t{trans_a}).set("trans_b", int64_t{trans_b});
-  return apply1("matmul", {a, b}, attrs, name);
+  return attrs;
+}
+
+Attrs conv2d_attrs(Conv2dAttrs conv) {
+  Attrs attrs;
+  attrs.set("stride", conv.stride).set("padding", conv.padding);
+  return attrs;
+}
+
+Value GraphBuilder::matmul(Value a, Value b, bool trans_a, bool trans_b, const std::string& name) {
+  return apply1("matmul", {a, b}, matmul_attrs(trans_a, trans_b), name);
 }
 
 Value GraphBuilder::bias_add(Value x, Value bias, const std::string& name) {
@@ -199,9 +226,7 @@ Value GraphBuilder::sigmoid(Value x, const std::string& name) {
 Value GraphBuilder::tanh(Value x, const std::string& name) { return apply1("tanh", {x}, {}, name); }
 
 Value GraphBuilder::conv2d(Value x, Value w, Conv2dAttrs conv, const std::string& name) {
-  Attrs attrs;
-  attrs.set("stride", conv.stride).set("padding", conv.padding);
-  return apply1("conv2d", {x, w}, attrs, name);
+  return apply1("conv2d", {x, w}, conv2d_attrs(conv), name);
 }
 
 Value GraphBuilder::max_pool2d(Value x, int64_t kernel, int64_t stride, const std::string& name) {

@@ -12,11 +12,16 @@
 namespace quiver {
 
 struct OpDef;
+struct TensorType;
 
 struct Conv2dAttrs {
   int64_t stride = 1;
   int64_t padding = 0;
 };
+
+// The attributes conv2d() and matmul() give their nodes (for GraphBuilder::infer).
+Attrs conv2d_attrs(Conv2dAttrs conv);
+Attrs matmul_attrs(bool trans_a, bool trans_b);
 
 class GraphBuilder {
  public:
@@ -39,6 +44,11 @@ class GraphBuilder {
                            std::vector<NodeId> control_inputs = {});
   Value apply1(const std::string& op, const std::vector<Value>& inputs, Attrs attrs = {},
                const std::string& name = "");
+  // What apply() would infer for op `op` over inputs of these types, named `name` in the current
+  // scope, without adding anything: the op's own refusal, named as apply() names it. A layer
+  // checks the node it will make this way before adding its parameters.
+  std::vector<TensorType> infer(const std::string& op, const std::vector<TensorType>& inputs, Attrs attrs,
+                                const std::string& name) const;
 
   // (M, K) x (K, N) -> (M, N), with optional transposes of either side.
   Value matmul(Value a, Value b, bool trans_a = false, bool trans_b = false,
@@ -69,6 +79,9 @@ class GraphBuilder {
 
  private:
   void add_update_order(const OpDef& def, Node& node) const;
+  // `def`'s output types for `node` over `inputs`, every error naming the op, the node and the
+  // input shapes, and every output's extents checked.
+  std::vector<TensorType> infer_outputs(const OpDef& def, const Node& node, std::vector<TensorType> inputs) const;
 
   Graph graph_;
   std::vector<std::string> scopes_;

@@ -101,6 +101,28 @@ Graph::Graph(const Graph& other)
   origins_.push_back({other.serial_, static_cast<ValueId>(other.values_.size())});
 }
 
+Graph::Graph(Graph&& other) noexcept
+    : serial_(std::exchange(other.serial_, ++graphs_made)),
+      origins_(std::move(other.origins_)),
+      values_(std::move(other.values_)),
+      nodes_(std::move(other.nodes_)),
+      params_(std::move(other.params_)),
+      readers_(std::move(other.readers_)) {
+  other.origins_.clear(), other.values_.clear(), other.nodes_.clear(), other.params_.clear(), other.readers_.clear();
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this == &other) return *this;
+  serial_ = std::exchange(other.serial_, ++graphs_made);
+  origins_ = std::move(other.origins_);
+  values_ = std::move(other.values_);
+  nodes_ = std::move(other.nodes_);
+  params_ = std::move(other.params_);
+  readers_ = std::move(other.readers_);
+  other.origins_.clear(), other.values_.clear(), other.nodes_.clear(), other.params_.clear(), other.readers_.clear();
+  return *this;
+}
+
 Graph& Graph::operator=(const Graph& other) {
   if (this != &other) *this = Graph(other);  // a copy, moved in: a new serial
   return *this;

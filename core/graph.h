@@ -108,8 +108,10 @@ class Graph {
   // A copy has a new serial; the original's handles to the values copied work on it (id_of).
   Graph(const Graph& other);
   Graph& operator=(const Graph& other);
-  Graph(Graph&&) = default;  // the same graph, moved: its handles keep working
-  Graph& operator=(Graph&&) = default;
+  // The same graph, moved: its handles keep working here; the moved-from graph, should it be
+  // built on again, is a new one (a serial of its own).
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
 
   // Lookups by id; an id that does not exist throws quiver::Error.
   const ValueInfo& value(ValueId id) const;

@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "core/error.h"
+#include "core/op.h"
 
 namespace quiver {
 
@@ -35,15 +36,19 @@ int64_t checked_product(const std::string& module, const char* what, std::initia
   return product;
 }
 
-// A layer's input, checked before the layer adds anything: one refused halfway would leave its
-// first parameters in the graph, and a corrected retry would find them "defined twice".
-void check_layer_input(const GraphBuilder& builder, Value x, const std::string& module, int rank, int axis,
-                       int64_t extent, const char* layout, const char* option) {
+// A layer checks everything before it adds anything: one refused halfway would leave its first
+// parameters in the graph, and a corrected retry would find them "defined twice". First its own
+// extents (checked_product), then its input's layout (this, for the message a wrong input gets),
+// then its main node as apply() would infer it (GraphBuilder::infer: the op's own refusals, a
+// kernel that does not fit the plane, a stride of 0). Returns the input's type.
+TensorType check_layer_input(const GraphBuilder& builder, Value x, const std::string& module, int rank, int axis,
+                             int64_t extent, const char* layout, const char* option) {
   const Graph& graph = builder.graph();
-  const Shape shape = graph.value(graph.id_of(x, cat("module '", module, "': input"))).shape;
-  if (shape.rank() != rank || shape[axis] != extent)
-    throw Error(cat("module '", module, "': input of shape ", shape.str(), "; expected ", layout, " with ", option,
-                    " = ", extent));
+  const ValueInfo& info = graph.value(graph.id_of(x, cat("module '", module, "': input")));
+  if (info.shape.rank() != rank || info.shape[axis] != extent)
+    throw Error(cat("module '", module, "': input of shape ", info.shape.str(), "; expected ", layout, " with ",
+                    option, " = ", extent));
+  return {info.shape, info.dtype};
 }
 
 LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
@@ -55,8 +60,12 @@ LayerParamInits layer_param_inits(LayerInit init, int64_t fan_in) {
 }  // namespace
 
 Value Linear::forward(GraphBuilder& builder, Value x) {
-  check_layer_input(builder, x, name(), 2, 1, options_.in_features, "(batch, features)", "features = in_features");
+  checked_product(name(), "the weight in_features x out_features", {options_.in_features, options_.out_features});
+  const TensorType input = check_layer_input(builder, x, name(), 2, 1, options_.in_features, "(batch, features)",
+                                             "features = in_features");
   Scope scope(builder, name());
+  builder.infer("matmul", {input, {Shape{options_.in_features, options_.out_features}}}, matmul_attrs(false, false),
+                "matmul");
   LayerParamInits init = layer_param_inits(options_.init_, options_.in_features);
   Value weight =
       builder.parameter("weight", Shape{options_.in_features, options_.out_features}, init.weight);
@@ -71,12 +80,16 @@ Value Conv2d::forward(GraphBuilder& builder, Value x) {
   LayerParamInits init =
       layer_param_inits(o.init_, checked_product(name(), "the fan-in in_channels x kernel x kernel",
                                                  {o.in_channels, o.kernel_size, o.kernel_size}));
-  check_layer_input(builder, x, name(), 4, 1, o.in_channels, "(batch, channels, height, width)",
-                    "channels = in_channels");
+  checked_product(name(), "the weight out_channels x in_channels x kernel x kernel",
+                  {o.out_channels, o.in_channels, o.kernel_size, o.kernel_size});
+  const TensorType input = check_layer_input(builder, x, name(), 4, 1, o.in_channels,
+                                             "(batch, channels, height, width)", "channels = in_channels");
   Scope scope(builder, name());
-  Value weight = builder.parameter(
-      "weight", Shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, init.weight);
-  Value y = builder.conv2d(x, weight, Conv2dAttrs{o.stride_, o.padding_}, "conv");
+  const Shape weight_shape{o.out_channels, o.in_channels, o.kernel_size, o.kernel_size};
+  const Conv2dAttrs conv{o.stride_, o.padding_};
+  builder.infer("conv2d", {input, {weight_shape}}, conv2d_attrs(conv), "conv");
+  Value weight = builder.parameter("weight", weight_shape, init.weight);
+  Value y = builder.conv2d(x, weight, conv, "conv");
   if (!o.with_bias) return y;
   Value bias = builder.parameter("bias", Shape{o.out_channels}, init.bias);
   return builder.bias_add(y, bias, "bias_add");
@@ -93,8 +106,11 @@ Value Flatten::forward(GraphBuilder& builder, Value x) { return builder.flatten(
 Value LSTM::forward(GraphBuilder& builder, Value x) {
   const int64_t input = options_.input_size, hidden = options_.hidden_size;
   const int64_t gates = checked_product(name(), "the gates' width 4 x hidden_size", {4, hidden});
-  check_layer_input(builder, x, name(), 3, 2, input, "(batch, steps, features)", "features = input_size");
+  checked_product(name(), "the input weight input_size x 4 x hidden_size", {input, gates});
+  const TensorType sequence =
+      check_layer_input(builder, x, name(), 3, 2, input, "(batch, steps, features)", "features = input_size");
   Scope scope(builder, name());
+  builder.infer("lstm", {sequence, {Shape{input, gates}}, {Shape{hidden, gates}}, {Shape{gates}}}, {}, "cell");
   ParamInit init = ParamInit::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
   Value wx = builder.parameter("wx", Shape{input, gates}, init);
   Value wh = builder.parameter("wh", Shape{hidden, gates}, init);

@@ -48,6 +48,8 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem)
 }  // namespace
 
 void check_consistent(const Dataset& data, const std::string& who) {
+  // An empty set (a default Dataset among them) is consistent; whoever needs samples says so.
+  if (data.count == 0 && data.images.empty() && data.labels.empty()) return;
   // Extents of 1 and more, and a product that fits: 2^31 x 2^31 x 4 once wrapped to 0 and matched
   // an empty image vector.
   int64_t features = 0, floats = 0;

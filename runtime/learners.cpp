@@ -604,7 +604,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   std::optional<LearnerTuner> tuner;
   // A tuner that settled in an earlier fit() over the same cores keeps its choice: a caller that
   // trains an epoch per fit() would otherwise measure every configuration again each epoch.
-  tuned_ = options_.tune && tuned_ && tuned_cores_ == cores;
+  tuned_ = options_.tune && tuned_ && tuned_cores_ == cores && learners() <= per_epoch;
   tuned_cores_ = cores;
   if (options_.tune && !tuned_) {
     TunerOptions tuning;

@@ -79,9 +79,10 @@ struct TrainOptions {
 
 struct Progress {
   int64_t epoch = 0, epochs = 0;
+  // With learners, steps are batches (k a round), and the totals (steps_in_epoch, total_steps)
+  // count the batches that rounds of the current k can take: an epoch drops the
+  // batches_per_epoch % k no round takes.
   int64_t step = 0, steps_in_epoch = 0;  // step within the epoch, 1-based
-  // With learners, steps are batches (k a round) and count only those rounds of the current k
-  // can take: an epoch drops the batches_per_epoch % k that no round takes.
   int64_t global_step = 0, total_steps = 0;
   double loss = 0.0;              // mean over the epoch so far
   double samples_per_second = 0.0;

@@ -183,9 +183,13 @@ TEST(Builder, ACopyTakesOnlyTheValuesItWasMadeWith) {
   EXPECT_EQ(c.shape(x), (Shape{2, 2}));
   EXPECT_EQ(c.shape(new_in_b), (Shape{2, 2}));
   EXPECT_NE(error_of([&] { c.relu(later_in_a); }).find("after the copy was made"), std::string::npos);
-  // Moving a graph keeps it the same graph.
+  // Moving a graph keeps it the same graph; the moved-from one, built on again, is another.
+  const uint64_t serial = c.graph().serial();
   GraphBuilder moved(std::move(c.graph()));
-  EXPECT_EQ(moved.shape(new_in_b), (Shape{2, 2}));
+  EXPECT_EQ(moved.graph().serial(), serial);
+  Value from_emptied = c.input("q", Shape{3, 3});
+  EXPECT_NE(c.graph().serial(), serial);
+  EXPECT_NE(error_of([&] { moved.shape(from_emptied); }).find("belongs to another graph"), std::string::npos);
 }
 
 // shape() hands out a copy: a reference into the graph dangled once the graph grew (ASan:
@@ -216,7 +220,18 @@ TEST(Modules, ALayerRefusedForItsInputAddsNothing) {
   EXPECT_NE(message.find("module 'lstm': input of shape [1,2,6,6]; expected (batch, steps, features)"),
             std::string::npos)
       << message;
+  // What the layer's own node refuses counts too: a 5x5 kernel on a 4x4 plane, a stride of 0.
+  Value small = b.input("small", Shape{1, 1, 4, 4});
+  message = error_of([&] { Conv2d("conv", Conv2dOptions(1, 4, 5)).forward(b, small); });
+  EXPECT_NE(message.find("conv2d 'conv/conv'"), std::string::npos) << message;
+  message = error_of([&] { Conv2d("conv", Conv2dOptions(1, 4, 3).stride(0)).forward(b, small); });
+  EXPECT_NE(message.find("conv2d 'conv/conv'"), std::string::npos) << message;
+  // A layer's own extents are named as such, not blamed on its input.
+  message = error_of([&] { Linear("empty", LinearOptions(0, 5)).forward(b, x); });
+  EXPECT_NE(message.find("module 'empty': the weight in_features x out_features needs extents >= 1"), std::string::npos)
+      << message;
   EXPECT_EQ(b.graph().params().size(), 2u);  // fc's weight and bias only
+  EXPECT_EQ(b.shape(Conv2d("conv", Conv2dOptions(1, 4, 5).padding(2)).forward(b, small)), (Shape{1, 4, 4, 4}));
   GraphBuilder other;
   message = error_of([&] { Linear("fc2", LinearOptions(3, 5)).forward(other, x); });
   EXPECT_NE(message.find("module 'fc2': input: the value belongs to another graph"), std::string::npos) << message;

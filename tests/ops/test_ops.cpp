@@ -537,11 +537,13 @@ TEST(MaxPool, CpuKernelPicksWhatTheArgmaxRulePicks) {
   }
 }
 
-// The cases above are too small for most kernels to split: an elementwise loop takes chunks of
-// 16384 elements, a 2-D bias_add 16384 / C rows, a pool 8 planes, so their "2 threads" and
-// "3 threads" runs were one chunk on one thread. These cases are each cut into two or three
-// chunks (the last not a multiple of 16), forward on 1 and 2 threads and gradients on 1 and 3,
-// against the reference; a chunk indexed from the wrong start fails them.
+// The cases above are too small for most kernels to split: an elementwise loop's grain is 16384
+// elements, a 2-D bias_add's 16384 / C rows, a pool's 8 planes, so their "2 threads" and
+// "3 threads" runs were one chunk on one thread. These ranges exceed their grains, so they are
+// cut into several chunks (TBB's simple partitioner halves a range while it exceeds the grain:
+// 32,800 elements into 4 of 8,200; the pool of the TSAN build takes grain-sized chunks), forward
+// on 1 and 2 threads and gradients on 1 and 3, against the reference; a chunk indexed from the
+// wrong start fails them.
 TEST(Ops, KernelsCutIntoChunksMatchTheReference) {
   auto sampled = [](OpCase c, const std::string& name) {
     c.name = name;
@@ -549,16 +551,16 @@ TEST(Ops, KernelsCutIntoChunksMatchTheReference) {
     return c;
   };
   auto wide = [&](OpCase c) {
-    for (InputSpec& input : c.inputs) input.shape = Shape{2, 16400};  // chunks of 16384, 16384, 32
+    for (InputSpec& input : c.inputs) input.shape = Shape{2, 16400};
     return sampled(c, c.name + "[2,16400]");
   };
   const std::vector<OpCase> cases = {
-      wide(binary_case("add", [](double a, double b) { return a + b; })),
+      wide(binary_case("add", [](double a, double b) { return a + b; })),  // 32,800 elements
       wide(binary_case("mul", [](double a, double b) { return a * b; })),
       wide(unary_case("relu", Draw::AwayFromZero, [](double x) { return x > 0 ? x : 0.0; })),
       wide(unary_case("sigmoid", Draw::Smooth, sigmoid)),
-      sampled(bias_add_case(Shape{1500, 11}), "bias_add[1500,11]"),  // 1489 rows a chunk
-      sampled(max_pool_case(Shape{3, 4, 6, 6}, 2, 2), "max_pool2d[3,4,6,6]"),  // 12 planes: 8 and 4
+      sampled(bias_add_case(Shape{1500, 11}), "bias_add[1500,11]"),  // a grain of 1489 rows
+      sampled(max_pool_case(Shape{3, 4, 6, 6}, 2, 2), "max_pool2d[3,4,6,6]"),  // 12 planes
       sampled(max_pool_case(Shape{5, 4, 5, 5}, 3, 1), "max_pool2d[5,4,5,5]_k3_s1"),  // overlapping, 20 planes
   };
   for (const OpCase& op_case : cases) {
