@@ -114,6 +114,8 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
   if (!plan_.device().is_cpu())
     throw Error(cat("executor: the plan runs on ", plan_.device().str(),
                     "; the executor schedules CPU plans (run a device plan with Plan::run)"));
+  // The one schedule of a fixed policy is named after it (auto names its candidates once profiled).
+  if (options_.policy != Policy::Auto) candidate_names_ = {name_of(options_.policy)};
   int lane_count = 1;
   switch (options_.policy) {
     case Policy::Serial: capacity_ = 1; break;

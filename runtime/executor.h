@@ -131,7 +131,8 @@ class Executor {
   // Profiling and trial steps still to run (at least: the trial goes on, a stint of every
   // candidate at a time, until it has lasted trial_seconds).
   int tuning_runs_left() const;
-  // auto: the schedule it settled on ("model", "intra", "narrow" or "serial").
+  // auto: the schedule it settled on ("model", "intra", "narrow" or "serial"); another policy's
+  // one schedule is named after the policy ("serial", "intra", "fixed").
   const std::string& chosen_schedule() const { return candidate_names_.at(chosen_); }
   // auto: trials of the candidate schedules completed so far (one, then one per retrial period).
   // A trial is two or three blocks of the candidates' stints (each block at least trial_rounds

@@ -180,6 +180,21 @@ TEST(Executor, RandomDagsMatchSerial) {
 // Every op ran its parallel work on at most the threads it was given, and the given threads never
 // exceeded the policy's budget; the whole budget was granted somewhere (an executor that always
 // granted one thread would honour every grant).
+// A policy other than auto has one schedule, named after the policy (it read "model", auto's
+// name for the performance model's grants, under serial too).
+TEST(Executor, AFixedPolicysScheduleIsNamedAfterIt) {
+  TrainOptions train;
+  train.batch = 4;
+  train.eval_batch = 4;
+  train.policy = "";
+  Trainer trainer(models::mlp(), train);
+  for (const auto& [policy, name] : {std::pair{Policy::Serial, "serial"}, std::pair{Policy::Intra, "intra"},
+                                     std::pair{Policy::Fixed, "fixed"}}) {
+    Executor executor(trainer.train_plan(), executor_options(policy, 2, 2, 1));
+    EXPECT_EQ(executor.chosen_schedule(), name);
+  }
+}
+
 TEST(Executor, GrantedThreadsAreHonoured) {
   for (ExecutorOptions options : {executor_options(Policy::Intra, 2), executor_options(Policy::Fixed, 1, 2, 1),
                                   executor_options(Policy::Fixed, 1, 1, 2), executor_options(Policy::Auto, 2)}) {
