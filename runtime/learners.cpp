@@ -367,6 +367,14 @@ void LearnerGroup::refresh_average() const {
   average_stale_ = false;
 }
 
+double LearnerGroup::round(std::span<const float> images, std::span<const int32_t> labels) {
+  const int64_t samples = learners() * batch_;
+  if (static_cast<int64_t>(images.size()) != samples * features_ || static_cast<int64_t>(labels.size()) != samples)
+    throw Error(cat("learners: a round of ", learners(), " learners of batch ", batch_, " needs ", samples * features_,
+                    " image values and ", samples, " labels, got ", images.size(), " and ", labels.size()));
+  return round(images.data(), labels.data());
+}
+
 double LearnerGroup::round(const float* images, const int32_t* labels) {
   std::vector<const float*> image_batches;
   std::vector<const int32_t*> label_batches;

@@ -38,6 +38,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -197,6 +198,8 @@ class LearnerGroup {
   // mean of each learner's latest finished step, and a learner's error surfaces at a later round;
   // a round that throws has let every learner finish what it was given, so no batch is in use.
   double round(const float* images, const int32_t* labels);
+  // The same with the sizes checked: k x batch x features floats and k x batch labels.
+  double round(std::span<const float> images, std::span<const int32_t> labels);
   // The same with learner j's batch at images[j] / labels[j] (k pointers each): no gathering copy.
   double round(const std::vector<const float*>& images, const std::vector<const int32_t*>& labels);
   // z, the average model, as a flat buffer shaped like every replica's parameters. Waits for every

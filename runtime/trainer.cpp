@@ -286,6 +286,13 @@ Graph Trainer::build_graph(int64_t batch, bool training, Value* logits, Value* l
   return std::move(builder.graph());
 }
 
+double Trainer::train_step(std::span<const float> images, std::span<const int32_t> labels) {
+  if (static_cast<int64_t>(images.size()) != images_in_.numel() || static_cast<int64_t>(labels.size()) != labels_in_.numel())
+    throw Error(cat("train step: a batch of ", options_.batch, " needs ", images_in_.numel(), " image values and ",
+                    labels_in_.numel(), " labels, got ", images.size(), " and ", labels.size()));
+  return train_step(images.data(), labels.data());
+}
+
 double Trainer::train_step(const float* images, const int32_t* labels) {
   const Plan& plan = *train_plan_;
   plan.upload(images_in_, images);

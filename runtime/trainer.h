@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,8 @@ class Trainer {
   double evaluate(const Dataset& data);
   // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks.
   double train_step(const float* images, const int32_t* labels);
+  // The same with the batch's sizes checked: batch x features floats and batch labels.
+  double train_step(std::span<const float> images, std::span<const int32_t> labels);
   // The rate the next step trains at: TrainOptions::learning_rate, then where fit() is at in the
   // step decay; set_learning_rate() changes it until fit() next starts an epoch of a schedule
   // (without lr_drop_epochs fit() leaves it as set). Throws on a rate that is not positive and finite.

@@ -646,12 +646,28 @@ TEST(Trainer, FitFromItsOwnCallbackIsRefused) {
 }
 
 // Raw batch pointers that were never set are a message, not a segfault; so is a plan step that
-// does not exist.
-TEST(Trainer, NullBatchesAndMissingStepsAreNamed) {
+// does not exist, and a batch given as spans of the wrong sizes.
+TEST(Trainer, NullBatchesWrongSizesAndMissingStepsAreNamed) {
   Trainer trainer(models::mlp(), small_fit_options(1));
   EXPECT_NE(error_of([&] { trainer.train_step(nullptr, nullptr); }).find("no data (a null pointer) for a tensor of [4,784]"),
             std::string::npos)
       << error_of([&] { trainer.train_step(nullptr, nullptr); });
+  // A batch given with its sizes is checked against the model's; one of the right sizes trains
+  // as the raw arrays do.
+  std::vector<float> images(4 * 784 - 1, 0.5f);
+  std::vector<int32_t> labels{1, 2, 3, 4};
+  EXPECT_NE(error_of([&] { trainer.train_step(images, labels); })
+                .find("train step: a batch of 4 needs 3136 image values and 4 labels, got 3135 and 4"),
+            std::string::npos)
+      << error_of([&] { trainer.train_step(images, labels); });
+  images.push_back(0.5f);
+  Trainer twin(models::mlp(), small_fit_options(1));
+  EXPECT_EQ(trainer.train_step(images, labels), twin.train_step(images.data(), labels.data()));
+  LearnerGroup group(models::mlp(), small_fit_options(1), LearnerOptions{2, 1, SmaOptions{}});
+  EXPECT_NE(error_of([&] { group.round(images, labels); })
+                .find("a round of 2 learners of batch 4 needs 6272 image values and 8 labels, got 3136 and 4"),
+            std::string::npos)
+      << error_of([&] { group.round(images, labels); });
   Plan& plan = trainer.train_plan();
   const int64_t run = plan.begin_run();
   const SerialContext serial;
