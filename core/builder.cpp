@@ -80,6 +80,14 @@ Value GraphBuilder::state(int param_index, const std::string& kind) {
   const ParamInfo& param = graph_.params()[static_cast<size_t>(param_index)];
   ValueInfo info;
   info.name = param.name + "/" + kind;
+  // The state exists already: the same value again (two values would view one buffer).
+  for (const ValueInfo& existing : graph_.values())
+    if (existing.role == ValueRole::State && existing.param_index == param_index && existing.state_kind == kind)
+      return graph_.handle(existing.id);
+  // Looked up by name like inputs and parameters (Graph::find): an input called "w/velocity"
+  // would shadow w's momentum.
+  if (graph_.has_name(info.name))
+    throw Error(cat("state '", info.name, "': the name is taken already (an input or parameter of that name)"));
   info.shape = graph_.value(param.value).shape;
   info.role = ValueRole::State;
   info.param_index = param_index;

@@ -26,7 +26,8 @@ Attrs matmul_attrs(bool trans_a, bool trans_b);
 class GraphBuilder {
  public:
   GraphBuilder() = default;
-  explicit GraphBuilder(Graph graph) : graph_(std::move(graph)) {}
+  // Goes on building `graph`; unnamed nodes are numbered past any it has already.
+  explicit GraphBuilder(Graph graph) : graph_(std::move(graph)), unnamed_(static_cast<int>(graph_.nodes().size())) {}
 
   Graph& graph() { return graph_; }
   const Graph& graph() const { return graph_; }
@@ -35,7 +36,8 @@ class GraphBuilder {
 
   Value input(const std::string& name, const Shape& shape, DType dtype = DType::F32);
   Value parameter(const std::string& name, const Shape& shape, ParamInit init);
-  // Optimizer state for parameter `param_index` ("velocity", "adam_m"), same shape as it.
+  // Optimizer state for parameter `param_index` ("velocity", "adam_m"), same shape as it; the
+  // same value each time it is asked for.
   Value state(int param_index, const std::string& kind);
 
   // Any registered op. `name` defaults to "<op>_<n>"; the current scope prefixes it.

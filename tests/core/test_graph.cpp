@@ -192,6 +192,32 @@ TEST(Builder, ACopyTakesOnlyTheValuesItWasMadeWith) {
   EXPECT_NE(error_of([&] { moved.shape(from_emptied); }).find("belongs to another graph"), std::string::npos);
 }
 
+// Names looked up by name (inputs, parameters, optimizer state) stay unique: an input named like
+// a parameter's momentum would shadow it. A builder going on with a graph numbers its unnamed
+// nodes past the graph's ("relu_0" came twice).
+TEST(Builder, NamesStayUnique) {
+  GraphBuilder b;
+  Value w = b.parameter("w", Shape{2}, ParamInit::zeros());
+  b.input("w/velocity", Shape{2});
+  Value loss = b.reshape(b.matmul(b.reshape(w, Shape{1, 2}), b.reshape(w, Shape{2, 1})), Shape{});
+  build_backward(b, loss);
+  EXPECT_NE(error_of([&] { add_sgd_update(b, b.input("learning_rate", Shape{1}), SgdOptions{}); })
+                .find("state 'w/velocity': the name is taken already"),
+            std::string::npos);
+  GraphBuilder states;
+  states.parameter("u", Shape{2}, ParamInit::zeros());
+  EXPECT_EQ(states.state(0, "velocity").id, states.state(0, "velocity").id);  // one value, asked twice
+  GraphBuilder first;
+  Value x = first.input("x", Shape{2, 2});
+  first.relu(x);
+  GraphBuilder next(first.graph());
+  next.relu(x);
+  std::vector<std::string> names;
+  for (const Node& node : next.graph().nodes()) names.push_back(node.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end()) << names.front();
+}
+
 // shape() hands out a copy: a reference into the graph dangled once the graph grew (ASan:
 // heap-use-after-free on the next use).
 static_assert(std::is_same_v<decltype(std::declval<const GraphBuilder&>().shape(Value{})), Shape>);

@@ -213,7 +213,8 @@ TEST(Optimizer, NoReaderOrUpdateOfAParameterAfterItsUpdate) {
   refused(
       [](LinearLoss& p) {
         Graph& g = p.builder.graph();
-        p.builder.apply("sgd_update", {p.r, g.handle(g.params()[0].grad), p.builder.state(0, "velocity"), p.lr},
+        // A state no update writes yet (state(0, "velocity") is w/update's own, refused for that).
+        p.builder.apply("sgd_update", {p.r, g.handle(g.params()[0].grad), p.builder.state(0, "spare"), p.lr},
                         Attrs().set("momentum", 0.9).set("weight_decay", 0.0), "of_a_batch");
       },
       "sgd_update 'of_a_batch': updates its first input in place, which must be a parameter");
