@@ -177,9 +177,6 @@ TEST(Executor, RandomDagsMatchSerial) {
   }
 }
 
-// Every op ran its parallel work on at most the threads it was given, and the given threads never
-// exceeded the policy's budget; the whole budget was granted somewhere (an executor that always
-// granted one thread would honour every grant).
 // A policy other than auto has one schedule, named after the policy (it read "model", auto's
 // name for the performance model's grants, under serial too).
 TEST(Executor, AFixedPolicysScheduleIsNamedAfterIt) {
@@ -195,6 +192,9 @@ TEST(Executor, AFixedPolicysScheduleIsNamedAfterIt) {
   }
 }
 
+// Every op ran its parallel work on at most the threads it was given, and the given threads never
+// exceeded the policy's budget; the whole budget was granted somewhere (an executor that always
+// granted one thread would honour every grant).
 TEST(Executor, GrantedThreadsAreHonoured) {
   for (ExecutorOptions options : {executor_options(Policy::Intra, 2), executor_options(Policy::Fixed, 1, 2, 1),
                                   executor_options(Policy::Fixed, 1, 1, 2), executor_options(Policy::Auto, 2)}) {
