@@ -55,6 +55,9 @@ class GraphBuilder {
   // (M, K) x (K, N) -> (M, N), with optional transposes of either side.
   Value matmul(Value a, Value b, bool trans_a = false, bool trans_b = false,
                const std::string& name = "");
+  // The name alone, third as every other op takes it: without this overload a string literal
+  // there would convert to bool and silently mean trans_a = true.
+  Value matmul(Value a, Value b, const char* name) { return matmul(a, b, false, false, name ? name : ""); }
   // x (B, C, ...) + bias (C): broadcast along axis 1.
   Value bias_add(Value x, Value bias, const std::string& name = "");
   Value add(Value a, Value b, const std::string& name = "");
