@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/op.h"
 
 namespace quiver {
@@ -28,6 +29,7 @@ void build_backward(GraphBuilder& builder, Value loss) {
     throw Error(cat("backward: loss '", loss_info.name, "' must be a scalar, not ", loss_info.shape.str()));
   if (loss_info.dtype != DType::F32)
     throw Error(cat("backward: loss '", loss_info.name, "' must be a float32 scalar, not ", name_of(loss_info.dtype)));
+  const std::string loss_name = loss_info.name;  // a copy: the graph's values grow below
   for (const ParamInfo& param : graph.params())
     if (param.grad >= 0) throw Error("backward: gradients were already built for this graph");
 
@@ -41,6 +43,30 @@ void build_backward(GraphBuilder& builder, Value loss) {
     for (ValueId output : node.outputs)
       requires_grad[output] = any && graph.value(output).dtype == DType::F32;
   }
+
+  // Which parameters the loss reaches, before anything is emitted: nothing to train is a mistake
+  // in the model (a loss built from the wrong value) and leaves the graph as it was; a parameter
+  // the loss does not reach gets a zero gradient and is said once (a frozen or unused layer).
+  std::vector<bool> reaches_loss(graph.values().size(), false);
+  reaches_loss[loss.id] = true;
+  for (NodeId id = forward_nodes - 1; id >= 0; --id) {
+    const Node& node = graph.node(id);
+    bool any = false;
+    for (ValueId output : node.outputs) any = any || reaches_loss[output];
+    if (any)
+      for (ValueId input : node.inputs) reaches_loss[input] = reaches_loss[input] || requires_grad[input];
+  }
+  std::vector<std::string> unreached;
+  for (const ParamInfo& param : graph.params())
+    if (!reaches_loss[param.value]) unreached.push_back(param.name);
+  if (unreached.size() == graph.params().size())
+    throw Error(graph.params().empty()
+                    ? cat("backward: the graph has no parameters: nothing to train")
+                    : cat("backward: loss '", loss_name, "' depends on none of the ", graph.params().size(),
+                          " parameters (", unreached.front(), unreached.size() > 1 ? ", ..." : "",
+                          "): nothing would train"));
+  for (const std::string& name : unreached)
+    warn_once(cat("backward: parameter '", name, "' does not reach loss '", loss_name, "': its gradient is zero"));
 
   std::map<ValueId, std::vector<Value>> contributions;
   contributions[loss.id].push_back(builder.fill(Shape{}, 1.0, "loss/grad_seed"));

@@ -16,6 +16,7 @@
 #include "core/nn.h"
 #include "runtime/param_store.h"
 #include "runtime/plan.h"
+#include "tests/captured_warnings.h"
 
 namespace quiver {
 namespace {
@@ -35,6 +36,18 @@ ValueInfo activation_named(const std::string& name) {
   info.name = name;
   info.shape = Shape{2, 2};
   return info;
+}
+
+// A name third, as every other op takes it, names the node; it is not a transpose (a string
+// literal converted to trans_a = true before the overload).
+TEST(Builder, AMatmulNamedThirdIsNotTransposed) {
+  GraphBuilder b;
+  Value y = b.matmul(b.input("x", Shape{4, 3}), b.input("w", Shape{3, 2}), "fc");
+  const Node& node = b.graph().node(b.graph().value(y.id).producer);
+  EXPECT_EQ(node.name, "fc");
+  EXPECT_EQ(b.shape(y), (Shape{4, 2}));
+  EXPECT_EQ(node.attrs.get_int("trans_a"), 0);
+  EXPECT_EQ(node.attrs.get_int("trans_b"), 0);
 }
 
 TEST(Builder, MatmulShapeMismatchNamesOpNodeAndBothShapes) {
@@ -618,6 +631,42 @@ TEST(Autodiff, AGradientThroughAnOutputWithoutOneIsAnError) {
   std::string message = error_of([&] { build_backward(b, loss); });
   EXPECT_NE(message.find("softmax_cross_entropy 'ce'"), std::string::npos) << message;
   EXPECT_NE(message.find("probabilities"), std::string::npos) << message;
+}
+
+// A loss that no parameter reaches trains nothing (a loss built from the wrong value): refused
+// before any backward node is added. A parameter the loss does not reach (an unused layer) gets a
+// zero gradient, said once.
+TEST(Autodiff, ALossNoParameterReachesIsRefusedAndAnUnusedOneIsSaid) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{4, 3});
+  Value w = b.parameter("w", Shape{3, 2}, ParamInit::zeros());
+  b.matmul(x, w, "unused_branch");
+  Value loss = b.reshape(b.matmul(b.reshape(x, Shape{1, 12}), b.input("ones", Shape{12, 1})), Shape{}, "input_sum");
+  const size_t nodes = b.graph().nodes().size(), values = b.graph().values().size();
+  std::string message = error_of([&] { build_backward(b, loss); });
+  EXPECT_NE(message.find("loss 'input_sum' depends on none of the 1 parameters (w)"), std::string::npos) << message;
+  EXPECT_EQ(b.graph().nodes().size(), nodes);
+  EXPECT_EQ(b.graph().values().size(), values);
+  EXPECT_EQ(b.graph().params()[0].grad, -1);
+
+  GraphBuilder empty;
+  Value only_input = empty.reshape(empty.input("s", Shape{1}), Shape{});
+  message = error_of([&] { build_backward(empty, only_input); });
+  EXPECT_NE(message.find("the graph has no parameters"), std::string::npos) << message;
+
+  GraphBuilder partly;
+  Value used = partly.parameter("used", Shape{1, 3}, ParamInit::zeros());
+  partly.parameter("frozen", Shape{3}, ParamInit::zeros());
+  Value partly_loss = partly.reshape(partly.matmul(used, partly.input("R", Shape{3, 1})), Shape{});
+  test::CapturedWarnings warnings;
+  build_backward(partly, partly_loss);
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("parameter 'frozen' does not reach loss"), std::string::npos) << warnings.messages[0];
+  ParamStore store(partly.graph());
+  Plan plan(partly.graph(), store, {Value{partly.graph().params()[1].grad}});
+  store.grad(1).f32()[0] = 7.0f;  // the plan writes the zero gradient
+  plan.run();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(store.grad(1).f32()[i], 0.0f) << i;
 }
 
 TEST(Autodiff, GradientsOfValuesReadTwiceAreSummed) {
