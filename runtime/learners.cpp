@@ -262,7 +262,13 @@ void LearnerGroup::build(int learners, int threads_per_learner, bool carry_state
   mark_synced();  // every replica starts from z
 }
 
-void LearnerGroup::resize(int learners, int threads_per_learner) { build(learners, threads_per_learner, true); }
+void LearnerGroup::resize(int learners, int threads_per_learner) {
+  build(learners, threads_per_learner, true);  // a refused resize changes nothing, the tuner's state included
+  // The caller's configuration from here: the tuner's choice no longer describes the group, and a
+  // tuner measuring in a fit() under way (the resize from one of its callbacks) stops there.
+  tuned_ = false;
+  tuner_overruled_ = true;
+}
 
 bool LearnerGroup::fold_local_steps() {
   settle();
@@ -614,6 +620,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
   // trains an epoch per fit() would otherwise measure every configuration again each epoch.
   tuned_ = options_.tune && tuned_ && tuned_cores_ == cores && learners() <= per_epoch;
   tuned_cores_ = cores;
+  tuner_overruled_ = false;
   if (options_.tune && !tuned_) {
     TunerOptions tuning;
     tuning.cores = cores;
@@ -630,7 +637,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
     tuning.leap = options_.tune_leap;
     tuner.emplace(tuning);
     history_.clear();
-    if (learners() != tuner_step || threads_per_learner_ != cores) resize(tuner_step, cores);
+    if (learners() != tuner_step || threads_per_learner_ != cores) build(tuner_step, cores, true);
   }
   // A round takes one batch per learner from one epoch: an epoch shorter than a round trains
   // nothing. Checked again at every epoch's start: a callback may have grown the group.
@@ -706,6 +713,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
       set_epoch_samples(batches_in_epoch * batch_), epoch_data_samples_ = train.count;
       ++rounds, ++epoch_rounds;
       samples += k * batch_, epoch_samples += k * batch_;
+      if (tuner && tuner_overruled_) tuner.reset();  // a callback resized the group: its configuration stands
       if (tuner && !tuned_) {
         if (warmup_rounds > 0) {  // not measured: the executors' profiling and 3 rounds, and the time floor
           const bool floor_reached = measuring_seconds() >= options_.tune_warmup_seconds;
@@ -757,7 +765,7 @@ TrainReport LearnerGroup::fit(const Dataset& train, const Dataset* test, int64_t
           // best so far; the group returns there (and stays if that is refused too).
           for (bool retry = change; retry;) {
             try {
-              resize(next.learners, next.threads_per_learner);
+              build(next.learners, next.threads_per_learner, true);
               retry = false;
             } catch (const Error&) {
               tuner->refused();

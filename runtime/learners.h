@@ -154,6 +154,9 @@ class LearnerGroup {
   // configuration restarts neither. Under a sync period z first takes the old replicas' steps
   // since the last sync (fold_local_steps()).
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
+  // With tune, the caller's configuration overrules the tuner: tuned() turns false (the history
+  // stays the record of what the tuner measured), a fit() under way (the resize from its callback)
+  // keeps this configuration for the rest of it, and the next fit() tunes again.
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
   // `test` after each epoch. Samples/s count every learner's samples. An epoch cut short before
@@ -277,6 +280,7 @@ class LearnerGroup {
   std::vector<TunerStep> history_;
   bool tuned_ = false;
   int tuned_cores_ = 0;   // the cores the tuner worked over (a later fit() keeps its choice over these)
+  bool tuner_overruled_ = false;  // resize() called since fit() began: the tuner stops
   bool fitting_ = false;  // a fit() is running (FitInProgress)
   // What the latest group of each configuration (learners, threads each) had learned, from its
   // first learner's executor (profiles, and the schedule once its trial chose): every replica of

@@ -544,6 +544,30 @@ TEST(Learners, TunerMeasuresAndKeepsAMeasuredConfiguration) {
     EXPECT_EQ(group.tuner_history()[i].samples_per_second, settled[i].samples_per_second) << i;
   EXPECT_EQ(group.learners(), settled.back().learners);
   EXPECT_EQ(group.threads_per_learner(), threads);
+
+  // The caller's resize() overrules the tuner: tuned() no longer claims the group, the history
+  // stays what the tuner measured, and the next fit() tunes again from one learner.
+  group.resize(2, 1);
+  EXPECT_FALSE(group.tuned());
+  EXPECT_EQ(group.tuner_history().size(), settled.size());
+  group.fit(train, nullptr, 1);
+  ASSERT_FALSE(group.tuner_history().empty());
+  EXPECT_EQ(group.tuner_history().front().learners, 1);
+  EXPECT_EQ(group.tuner_history().front().threads_per_learner, 3);
+  EXPECT_NE(group.tuner_history().front().samples_per_second, settled.front().samples_per_second)  // measured anew
+      << "the next fit() kept the overruled choice";
+
+  // From a callback during a fit() that tunes: the tuner stops there and the configuration given
+  // holds for the rest of the fit().
+  LearnerGroup overruled(models::mlp(), recipe(), options);
+  overruled.on_epoch([&](const EpochReport& epoch) {
+    if (epoch.epoch == 1) overruled.resize(2, 1);
+    return true;
+  });
+  overruled.fit(train, nullptr, 3);
+  EXPECT_FALSE(overruled.tuned());
+  EXPECT_EQ(overruled.learners(), 2);
+  EXPECT_EQ(overruled.threads_per_learner(), 1);
 }
 
 // Learners beside other learners time their ops while the others' run: they read the profile
