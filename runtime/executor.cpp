@@ -350,16 +350,28 @@ bool Executor::adopt(const ExecutorTuning& tuning) {
   if (options_.policy != Policy::Auto || started_ || tuning.threads != capacity_ || tuning.keys != keys_ ||
       tuning.model.max_threads() != model_.max_threads())
     return false;
+  // Everything is checked before anything changes: a profile missing for an op (or for one of the
+  // counts profiling would time) would fail the refit below halfway, or never be profiled.
+  for (const std::string& key : keys_)
+    if (!tuning.model.complete(key, 1)) return false;
   if (tuning.trials_done > 0 && capacity_ > 1) {  // a choice: it must be one this executor can make
     auto in = [](int value, int low, int high) { return value >= low && value <= high; };
     bool sound = in(tuning.schedule, 0, static_cast<int>(kCandidates) - 1) && tuning.trial_seconds.size() == kCandidates &&
-                 tuning.grants.size() == keys_.size() && !tuning.verdicts.empty();
-    for (const std::vector<double>& seconds : tuning.trial_seconds) sound = sound && !seconds.empty();
+                 tuning.grants.size() == keys_.size() && !tuning.verdicts.empty() &&
+                 std::isfinite(tuning.settled_seconds) && tuning.settled_seconds >= 0.0;  // NaN: no retrial ever
+    for (const std::vector<double>& seconds : tuning.trial_seconds) {
+      sound = sound && !seconds.empty();
+      for (double time : seconds) sound = sound && std::isfinite(time) && time >= 0.0;
+    }
     for (int verdict : tuning.verdicts) sound = sound && in(verdict, 0, static_cast<int>(kCandidates) - 1);
     // Within the chosen schedule's width (serial's is 1): a wider grant could never start, and
-    // every step would end as "a dependency cycle".
+    // every step would end as "a dependency cycle". The plain schedules' grants are theirs alone
+    // (intra: all threads; narrow and serial: one), only the model's vary.
     const int widest = tuning.schedule == kSerialSchedule ? 1 : capacity_;
-    for (int grant : tuning.grants) sound = sound && in(grant, 1, widest);
+    for (int grant : tuning.grants) {
+      sound = sound && in(grant, 1, widest);
+      if (tuning.schedule != 0) sound = sound && grant == (tuning.schedule == kIntraSchedule ? capacity_ : 1);
+    }
     if (!sound) return false;
   }
   model_ = tuning.model;
@@ -540,7 +552,13 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
     if (!state.first_error) state.first_error = error;
   } else {
     if (state.profiling) {
-      if (state.profile_threads > 0) model_.add_sample(keys_[position], threads, seconds);
+      // On a lane thread, under the lock: a refused sample ends the step as an error would, it
+      // must not escape the thread.
+      if (state.profile_threads > 0) try {
+          model_.add_sample(keys_[position], threads, seconds);
+        } catch (...) {
+          if (!state.first_error) state.first_error = std::current_exception();
+        }
     } else if (options_.policy == Policy::Auto && tuned_) {
       auto keep = [seconds](std::vector<double>& times) {
         if (times.size() == kMeasurementsKept) times.erase(times.begin());

@@ -151,7 +151,9 @@ class Executor {
   // same op keys) at the same thread count, instead of profiling, and, where it had chosen a
   // schedule, run that one (with the grants its trial ran) without a trial; the retrial clock
   // goes on from where it was. Returns false and changes nothing otherwise (another plan, thread
-  // count or policy, after a run, or a choice that names no candidate, grant or trial figure).
+  // count or policy, after a run, a model without every op's profile at every count profiling
+  // times, or a choice that names no candidate, grants other than its schedule's, or a trial
+  // figure or retrial clock that is not a time).
   bool adopt(const ExecutorTuning& tuning);
   bool adopted() const { return adopted_; }
   const std::vector<double>& bottom_levels() const { return bottom_levels_; }

@@ -408,8 +408,10 @@ class DirectoryLock {
       : fd_(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
     if (fd_ < 0) return;
     using Clock = std::chrono::steady_clock;
+    // At most a year: longer (or infinite) would overflow the clock's nanoseconds into the past;
+    // NaN or negative: no wait.
     const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                          std::chrono::duration<double>(std::max(0.0, wait_s)));
+                                                          std::chrono::duration<double>(wait_s > 0.0 ? std::min(wait_s, 3.2e7) : 0.0));
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) return;  // no locks here: write without one, as before
       if (Clock::now() >= deadline) {
@@ -455,7 +457,7 @@ bool holds_profile_cache(const std::string& path, std::string* why) {
 
 }  // namespace
 
-void PerfModel::save(const std::string& path, double lock_wait_s) const {
+void PerfModel::save(const std::string& path, double lock_wait_s) {
   // A file given by mistake (a checkpoint, notes) was ignored by load() with a warning; it is not
   // replaced either.
   std::error_code exists_error;
@@ -494,6 +496,8 @@ void PerfModel::save(const std::string& path, double lock_wait_s) const {
   nlohmann::json cache = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"quiver", kQuiverVersion},
                           {"cpu", cpu_model()}, {"ops", ops}};
   write_file_atomically(path, cache.dump(1) + "\n", "profile cache");
+  // In the file now: from here on another process's refresh of them stands over these timings.
+  for (auto& [key, entry] : entries_) entry.measured.clear();
 }
 
 std::string PerfModel::build_flavor() { return QUIVER_BUILD_FLAVOR; }

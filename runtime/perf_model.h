@@ -77,18 +77,19 @@ class PerfModel {
   bool load(const std::string& path);
   // Writes every key's medians to `path` atomically (creating its directory), merged with what
   // the file holds by then (another process may have saved since this one loaded it): the file's
-  // timings stand for every op and thread count this process only loaded, this process's for
-  // those it measured. Throws quiver::Error, replacing nothing, when `path` exists and is not a
+  // timings stand for every op and thread count this process only loaded, or measured before its
+  // last save (another process may have refreshed them since), this process's for those it
+  // measured after. Throws quiver::Error, replacing nothing, when `path` exists and is not a
   // profile cache. Saves of one cache take turns (a lock on its directory); a save that waits
   // longer than `lock_wait_s` for another (a process stopped while saving, a stuck network file
   // system) throws quiver::Error, writing nothing, instead of hanging the run that saves.
-  void save(const std::string& path, double lock_wait_s = 10.0) const;
+  void save(const std::string& path, double lock_wait_s = 10.0);
   size_t size() const { return entries_.size(); }
 
  private:
   struct Entry {
     std::map<int, std::vector<double>> samples;  // threads -> seconds
-    std::set<int> measured;  // thread counts this process timed (add/replace_samples), not loaded
+    std::set<int> measured;  // thread counts this process timed (add/replace_samples) since its last save
     ThreadFit fit;
     bool fitted = false;
   };

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -421,19 +422,31 @@ TEST(PerfModel, AnExecutorOfTheSamePlanAdoptsASettledOnesTuning) {
   EXPECT_EQ(model.chosen_schedule(), "model");
   EXPECT_EQ(model.grants(), std::vector<int>(settled->grants.size(), 2));
   // A choice this executor could not make is refused, changing nothing.
-  std::vector<ExecutorTuning> unsound(6, *settled);
+  std::vector<ExecutorTuning> unsound(12, *settled);
   unsound[0].schedule = 4;
   unsound[1].verdicts.push_back(7);
   unsound[2].trial_seconds[2].clear();
   unsound[3].grants.pop_back();
   unsound[4].grants[0] = 3;
   unsound[5] = choice(3, 2);  // serial at 2 threads: wider than its schedule, it could never start
+  unsound[6] = choice(2, 2);  // narrow is one thread an op
+  unsound[7] = choice(1, 1);  // intra is every thread for every op
+  unsound[8].settled_seconds = std::numeric_limits<double>::quiet_NaN();  // would never retry
+  unsound[9].trial_seconds[1][0] = -1.0;
+  // Profiles missing for the plan's ops (the refit would have failed halfway, leaving an executor
+  // whose next step read past its profiling schedule), or at a count profiling times.
+  unsound[10].model = PerfModel(settled->model.max_threads());
+  unsound[11] = *profiles_only;
+  unsound[11].model = PerfModel(settled->model.max_threads());
+  for (const std::string& key : settled->keys) unsound[11].model.add_sample(key, 1, 1e-4);
   for (size_t u = 0; u < unsound.size(); ++u) {
     Executor fresh(trainer->train_plan(), options);
     const int left = fresh.tuning_runs_left();
     EXPECT_FALSE(fresh.adopt(unsound[u])) << "case " << u;
     EXPECT_FALSE(fresh.adopted()) << "case " << u;
     EXPECT_EQ(fresh.tuning_runs_left(), left) << "case " << u;
+    fresh.run();  // and it profiles from its first step, as it would have
+    EXPECT_FALSE(fresh.profiled()) << "case " << u;
   }
 
   // Profiles only: no profiling, but the whole trial (also after a settled tuning was adopted).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -410,7 +412,20 @@ TEST(PerfModel, ASaveWaitsForAnotherOnlySoLong) {
         << error.what();
   }
   EXPECT_FALSE(std::filesystem::exists(path));
-  ::close(held);  // released
+  // An infinite wait is a wait until the lock is given back (its nanoseconds once overflowed into
+  // a deadline in the past: the save failed at once).
+  std::thread releaser([held] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(held);  // released
+  });
+  std::string failure;
+  try {
+    model.save(path, std::numeric_limits<double>::infinity());
+  } catch (const Error& error) {
+    failure = error.what();
+  }
+  releaser.join();
+  EXPECT_EQ(failure, "") << "an infinite wait gave up";
   model.save(path, 0.2);
   PerfModel loaded(2);
   EXPECT_TRUE(loaded.load(path));
@@ -423,11 +438,11 @@ TEST(PerfModel, ASaveWaitsForAnotherOnlySoLong) {
 TEST(PerfModel, ASaveWritesOnlyWhatItMeasuredOverTheFile) {
   const std::string path = temp_path("loaded_cache.json");
   std::filesystem::remove(path);
-  {
-    PerfModel first(4);
-    for (int p = 1; p <= 2; ++p) first.add_sample("conv", p, 5e-3 / p), first.add_sample("gemm", p, 1e-3 / p);
-    first.save(path);
-  }
+  // `first` lives on: a process that profiled at its start and saves again later (at a trial,
+  // when its executor goes).
+  PerfModel first(4);
+  for (int p = 1; p <= 2; ++p) first.add_sample("conv", p, 5e-3 / p), first.add_sample("gemm", p, 1e-3 / p);
+  first.save(path);
   PerfModel narrow(2), wide(4), cnn(2);
   ASSERT_TRUE(narrow.load(path));
   ASSERT_TRUE(wide.load(path));
@@ -439,6 +454,7 @@ TEST(PerfModel, ASaveWritesOnlyWhatItMeasuredOverTheFile) {
   narrow.replace_samples("gemm", 1, {3e-3});  // a narrower run then refreshes its count 1 ...
   narrow.add_sample("matmul", 1, 0.0);  // ... and times an op shorter than its clock's tick
   narrow.save(path);
+  first.save(path);  // its start-up timings are in the file already: the refreshes since stand
   PerfModel after(4);
   ASSERT_TRUE(after.load(path));
   EXPECT_DOUBLE_EQ(after.measured("conv", 1), 1e-3) << "the refresh another process saved";
@@ -449,6 +465,12 @@ TEST(PerfModel, ASaveWritesOnlyWhatItMeasuredOverTheFile) {
   EXPECT_GT(after.measured("matmul", 1), 0.0);
   after.fit();
   EXPECT_TRUE(std::isfinite(after.predict("matmul", 1)));
+  first.replace_samples("conv", 1, {4e-3});  // its own refresh, after its last save: this one stands
+  first.save(path);
+  PerfModel latest(4);
+  ASSERT_TRUE(latest.load(path));
+  EXPECT_DOUBLE_EQ(latest.measured("conv", 1), 4e-3);
+  EXPECT_DOUBLE_EQ(latest.measured("gemm", 1), 3e-3);
   std::filesystem::remove(path);
 }
 
