@@ -395,6 +395,13 @@ double LearnerGroup::round(const std::vector<const float*>& images, const std::v
   if (images.size() != learners_.size() || labels.size() != learners_.size())
     throw Error(cat("learners: a round needs one batch per learner (", learners_.size(), "), got ", images.size(),
                     " image and ", labels.size(), " label batches"));
+  // Every learner's labels before any learner steps: one refused in its own step would leave the
+  // others a step ahead of it.
+  for (size_t j = 0; j < learners_.size(); ++j)
+    with_learner_named(j, rounds_done_ + 1, [&] {
+      learners_[j]->trainer->check_batch_labels(labels[j]);
+      return 0.0;
+    });
   if (options_.staleness > 0 && !alone()) return round_within_staleness(images, labels);
   // Learners 1..k-1 run on their streams; learner 0 runs on this thread meanwhile: waking a
   // stream costs a cross-core wake-up (tens of microseconds on a VM), and a step at batch 16 is

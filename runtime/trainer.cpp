@@ -293,9 +293,19 @@ double Trainer::train_step(std::span<const float> images, std::span<const int32_
   return train_step(images.data(), labels.data());
 }
 
+void Trainer::check_batch_labels(const int32_t* labels) const {
+  if (labels == nullptr) throw Error("train step: no labels (a null pointer)");
+  const int64_t classes = this->classes();
+  for (int64_t row = 0; row < labels_in_.numel(); ++row)
+    if (labels[row] < 0 || labels[row] >= classes)
+      throw Error(cat("train step: label ", labels[row], " at row ", row, " of the batch is outside 0..", classes - 1,
+                      " (model '", model_.name, "' has ", classes, " classes); nothing was trained"));
+}
+
 double Trainer::train_step(const float* images, const int32_t* labels) {
   const Plan& plan = *train_plan_;
   plan.upload(images_in_, images);
+  check_batch_labels(labels);
   plan.upload(labels_in_, labels);
   const float learning_rate = static_cast<float>(learning_rate_);
   if (learning_rate_in_.defined()) plan.upload(learning_rate_in_, &learning_rate);

@@ -213,7 +213,8 @@ class Trainer {
   int64_t epochs_done() const { return epochs_done_; }
   // Top-1 accuracy of the current parameters.
   double evaluate(const Dataset& data);
-  // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks.
+  // One step on a batch given as raw arrays; returns the loss. For tests and benchmarks. Labels
+  // outside the model's classes are refused before anything runs (check_batch_labels).
   double train_step(const float* images, const int32_t* labels);
   // The same with the batch's sizes checked: batch x features floats and batch labels.
   double train_step(std::span<const float> images, std::span<const int32_t> labels);
@@ -243,6 +244,10 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   // The model's number of classes: the width of its logits.
   int64_t classes() const { return train_graph_.value(logits_.id).shape[1]; }
+  // Throws unless each of a training batch's labels (batch of them, on the host) is one of the
+  // classes. The CPU kernel refuses such a label itself, but the CUDA kernel can only write a NaN
+  // loss, and the same step's update would have spread it through the weights.
+  void check_batch_labels(const int32_t* labels) const;
   // Bytes this trainer holds: parameters, gradients and optimizer state, both plans' inputs and
   // activations, what their kernels allocated for themselves, and on a device the stream's
   // workspace (workspace_bytes) and its own buffers (ExecContext::resident_bytes). An estimate from what was allocated, touched or not (a plan's

@@ -20,6 +20,7 @@
 #include "runtime/learners.h"
 #include "runtime/sma.h"
 #include "runtime/trainer.h"
+#include "tests/error_of.h"
 
 namespace quiver {
 namespace {
@@ -213,6 +214,24 @@ TEST(CudaTraining, ShortRunFollowsTheCpuLossCurve) {
     EXPECT_LT(last, first) << model.name;
     expect_close(gpu.params().flat_params(), cpu.params().flat_params(), 1e-2, model.name.c_str());
   }
+}
+
+// A label outside the classes, given through the API (fit() checks its data first), is refused
+// before the step runs: the CUDA loss kernel can only write a NaN, and the step's update used to
+// spread it through every weight before train_step said "loss is nan".
+TEST(CudaTraining, ALabelOutsideTheClassesLeavesTheWeightsAlone) {
+  REQUIRE_CUDA_DEVICES(1);
+  Batches data(16);
+  Trainer gpu(models::mlp(), recipe(Device::cuda(0)));
+  gpu.train_step(data.images.data(), data.labels.data());
+  const Tensor before = gpu.params().flat_params().to_cpu();
+  std::vector<int32_t> labels = data.labels;
+  labels[3] = 10;
+  const std::string message = test::error_of([&] { gpu.train_step(data.images.data(), labels.data()); });
+  EXPECT_NE(message.find("label 10 at row 3"), std::string::npos) << message;
+  const Tensor after = gpu.params().flat_params().to_cpu();
+  for (int64_t i = 0; i < after.numel(); ++i) ASSERT_EQ(after.f32()[i], before.f32()[i]) << i;
+  EXPECT_TRUE(std::isfinite(gpu.train_step(data.images.data(), data.labels.data())));
 }
 
 // Replaying a captured CUDA graph computes what eager runs compute, for each model, also after

@@ -123,15 +123,19 @@ TEST(Trainer, NonFiniteLossStopsTrainingWithTheStepNumber) {
   }
 }
 
+// A bad label reaching the loss kernel (a plan run without the trainer's check) names the node.
 TEST(Trainer, BadLabelNamesTheNode) {
   TrainOptions options;
   options.batch = 2;
   options.eval_batch = 2;
   Trainer trainer(models::mlp(), options);
-  std::vector<float> images(2 * 784, 0.1f);
-  std::vector<int32_t> labels = {1, 12};
+  Plan& plan = trainer.train_plan();
+  std::fill_n(plan.input("images").f32(), 2 * 784, 0.1f);
+  plan.input("labels").i32()[0] = 1;
+  plan.input("labels").i32()[1] = 12;
+  plan.input("learning_rate").f32()[0] = 0.01f;
   try {
-    trainer.train_step(images.data(), labels.data());
+    plan.run();
     FAIL() << "label 12 of 10 classes must be rejected";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("'loss'"), std::string::npos) << error.what();
@@ -674,6 +678,42 @@ TEST(Trainer, NullBatchesWrongSizesAndMissingStepsAreNamed) {
   for (int position : {-1, 100000})
     EXPECT_NE(error_of([&] { plan.run_step(position, serial, run); }).find(cat("plan: no step ", position, " (the plan has ")),
               std::string::npos);
+}
+
+// A training batch's label outside the model's classes is refused before anything runs: on the
+// CPU the loss kernel refuses it too, but on a GPU (test_cuda) it could only write a NaN loss,
+// which the same step's update spread through the weights before the step said "loss is nan". In
+// a round, every learner's labels are checked before any learner steps.
+TEST(Trainer, ALabelOutsideTheClassesIsRefusedBeforeTheStep) {
+  Trainer trainer(models::mlp(), small_fit_options(1));
+  std::vector<float> images(4 * 784, 0.25f);
+  std::vector<int32_t> labels{1, 2, 3, 4};
+  trainer.train_step(images, labels);
+  const std::vector<float> before(trainer.params().flat_params().f32(),
+                                  trainer.params().flat_params().f32() + trainer.params().flat_size());
+  for (const int32_t bad : {10, -1}) {
+    labels[2] = bad;
+    const std::string message = error_of([&] { trainer.train_step(images, labels); });
+    EXPECT_NE(message.find(cat("train step: label ", bad, " at row 2 of the batch is outside 0..9 (model 'mlp' has 10 "
+                               "classes); nothing was trained")),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(trainer.steps_done(), 1);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), trainer.params().flat_params().f32()));
+
+  LearnerGroup group(models::mlp(), small_fit_options(1), LearnerOptions{2, 1, SmaOptions{}});
+  std::vector<float> round_images(2 * 4 * 784, 0.25f);
+  std::vector<int32_t> round_labels{1, 2, 3, 4, 5, 6, 7, 12};  // learner 1's last
+  const std::vector<float> z_before(group.average().f32(), group.average().f32() + group.average().numel());
+  const std::string message = error_of([&] { group.round(round_images, round_labels); });
+  EXPECT_NE(message.find("learner 1, round 1: train step: label 12 at row 3"), std::string::npos) << message;
+  EXPECT_EQ(group.rounds_done(), 0);
+  EXPECT_TRUE(std::equal(z_before.begin(), z_before.end(), group.average().f32()));
+  round_labels[7] = 0;
+  LearnerGroup fresh(models::mlp(), small_fit_options(1), LearnerOptions{2, 1, SmaOptions{}});
+  EXPECT_EQ(group.round(round_images, round_labels), fresh.round(round_images, round_labels))
+      << "a learner stepped in the refused round";
 }
 
 // --eval-every: fit() evaluates the test set every N batches and after each epoch (once where the
