@@ -211,6 +211,11 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
       if (complete) {
         loaded_from_cache_ = true;
         finish_profiling();
+      } else {
+        // Profiled afresh, from fresh samples only: the cached medians would have joined them as
+        // samples (a third of each median at profile_samples 2) and been saved as this run's.
+        // The cache's other entries stay in the file (save() merges).
+        model_ = PerfModel(model_.max_threads());
       }
     }
     if (!profiled_) {

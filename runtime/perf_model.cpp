@@ -104,6 +104,12 @@ double ThreadFit::predict(int threads) const {
 ThreadFit fit_thread_curve(const std::vector<std::pair<int, double>>& points, int up_to) {
   ThreadFit fit;
   if (points.empty()) return fit;
+  // A NaN time fitted a NaN curve whose predictions read as the shortest time everywhere; a
+  // count of 0 threads divides by it.
+  for (auto [threads, seconds] : points)
+    if (threads < 1 || threads > PerfModel::kMostThreads || !std::isfinite(seconds) || seconds < 0.0)
+      throw Error(cat("performance model: cannot fit a point of ", seconds, " s at ", threads,
+                      " threads (threads in [1, ", PerfModel::kMostThreads, "], a finite time >= 0)"));
   std::vector<std::pair<int, double>> positive;
   int largest = 1;
   double shortest = std::numeric_limits<double>::infinity();
@@ -208,7 +214,12 @@ const PerfModel::Entry& PerfModel::entry(const std::string& key) const {
   return found->second;
 }
 
-double PerfModel::predict(const std::string& key, int threads) const { return entry(key).fit.predict(threads); }
+double PerfModel::predict(const std::string& key, int threads) const {
+  if (threads < 1 || threads > max_threads_)
+    throw Error(cat("performance model: a prediction of '", key, "' at ", threads, " threads (this model: 1..",
+                    max_threads_, ")"));
+  return entry(key).fit.predict(threads);
+}
 
 int PerfModel::fastest(const std::string& key) const {
   const ThreadFit& fit = entry(key).fit;

@@ -28,11 +28,13 @@
 #include "runtime/perf_model.h"
 #include "runtime/trainer.h"
 #include "tests/captured_warnings.h"
+#include "tests/error_of.h"
 
 namespace quiver {
 namespace {
 
 using test::CapturedWarnings;
+using test::error_of;
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("quiver_auto_" + std::to_string(::getpid()) + "_" + name)).string();
@@ -303,6 +305,49 @@ TEST(PerfModel, SecondRunSkipsProfiling) {
   PerfModel reread(2);
   EXPECT_TRUE(reread.load(path));
   std::filesystem::remove(path);
+}
+
+// A cache that lacks a count profiling times (a narrower run made it) means profiling every op
+// again, from fresh samples only: the cached medians used to join them as samples (half of each
+// median at profile_samples 1) and were saved back as this run's timings.
+TEST(PerfModel, AnIncompleteCacheIsProfiledAfreshNotMixedIn) {
+  const std::string path = temp_path("incomplete_cache.json");
+  std::filesystem::remove(path);
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = quick_auto();
+  options.profile_samples = 1;
+  Executor first(trainer->train_plan(), options);
+  while (!first.profiled()) first.run();
+  const std::vector<std::string> keys = first.tuning()->keys;
+  PerfModel stale(2);
+  for (const std::string& key : keys) stale.add_sample(key, 1, 100.0);  // one count only, and slow
+  stale.save(path);
+  options.profile_cache = path;
+  Executor second(trainer->train_plan(), options);
+  EXPECT_FALSE(second.loaded_from_cache());
+  while (!second.profiled()) second.run();
+  for (const std::string& key : keys) EXPECT_LT(second.model().measured(key, 1), 1.0) << key;
+  PerfModel reread(2);
+  ASSERT_TRUE(reread.load(path));
+  for (const std::string& key : keys) EXPECT_LT(reread.measured(key, 1), 1.0) << key;
+  std::filesystem::remove(path);
+}
+
+// A fit or a prediction outside what a model describes is refused: a NaN time fitted a NaN curve
+// whose predictions read as 0.1 us everywhere, and 0 threads divided by zero.
+TEST(PerfModel, FitsAndPredictionsRefuseWhatIsNoTimeOrThreadCount) {
+  EXPECT_NE(error_of([] { fit_thread_curve({{1, 1e-3}, {2, std::numeric_limits<double>::quiet_NaN()}}); })
+                .find("cannot fit a point of nan s at 2 threads"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { fit_thread_curve({{0, 1e-3}, {2, 5e-4}}); }).find("at 0 threads"), std::string::npos);
+  PerfModel model(2);
+  model.add_sample("op", 1, 1e-3), model.add_sample("op", 2, 6e-4);
+  model.fit();
+  EXPECT_NEAR(model.predict("op", 2), 6e-4, 1e-9);
+  for (int threads : {0, 3})
+    EXPECT_NE(error_of([&] { model.predict("op", threads); }).find(cat("at ", threads, " threads (this model: 1..2)")),
+              std::string::npos)
+        << threads;
 }
 
 // The narrow schedule is one thread per op, also for an op alone in the ready queue, which the
