@@ -304,8 +304,8 @@ void Trainer::check_batch_labels(const int32_t* labels) const {
 
 double Trainer::train_step(const float* images, const int32_t* labels) {
   const Plan& plan = *train_plan_;
+  check_batch_labels(labels);  // on the host, before anything of this batch reaches the plan
   plan.upload(images_in_, images);
-  check_batch_labels(labels);
   plan.upload(labels_in_, labels);
   const float learning_rate = static_cast<float>(learning_rate_);
   if (learning_rate_in_.defined()) plan.upload(learning_rate_in_, &learning_rate);

@@ -653,13 +653,19 @@ TEST(Trainer, FitFromItsOwnCallbackIsRefused) {
 // does not exist, and a batch given as spans of the wrong sizes.
 TEST(Trainer, NullBatchesWrongSizesAndMissingStepsAreNamed) {
   Trainer trainer(models::mlp(), small_fit_options(1));
-  EXPECT_NE(error_of([&] { trainer.train_step(nullptr, nullptr); }).find("no data (a null pointer) for a tensor of [4,784]"),
-            std::string::npos)
-      << error_of([&] { trainer.train_step(nullptr, nullptr); });
-  // A batch given with its sizes is checked against the model's; one of the right sizes trains
-  // as the raw arrays do.
   std::vector<float> images(4 * 784 - 1, 0.5f);
   std::vector<int32_t> labels{1, 2, 3, 4};
+  EXPECT_NE(error_of([&] { trainer.train_step(nullptr, labels.data()); })
+                .find("no data (a null pointer) for a tensor of [4,784]"),
+            std::string::npos)
+      << error_of([&] { trainer.train_step(nullptr, labels.data()); });
+  // The labels are checked first, on the host: a batch with neither names the missing labels.
+  EXPECT_NE(error_of([&] { trainer.train_step(nullptr, nullptr); }).find("train step: no labels (a null pointer)"),
+            std::string::npos)
+      << error_of([&] { trainer.train_step(nullptr, nullptr); });
+  EXPECT_EQ(trainer.steps_done(), 0);
+  // A batch given with its sizes is checked against the model's; one of the right sizes trains
+  // as the raw arrays do.
   EXPECT_NE(error_of([&] { trainer.train_step(images, labels); })
                 .find("train step: a batch of 4 needs 3136 image values and 4 labels, got 3135 and 4"),
             std::string::npos)
