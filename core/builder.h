@@ -58,6 +58,7 @@ class GraphBuilder {
   // The name alone, third as every other op takes it: without this overload a string literal
   // there would convert to bool and silently mean trans_a = true.
   Value matmul(Value a, Value b, const char* name) { return matmul(a, b, false, false, name ? name : ""); }
+  Value matmul(Value a, Value b, const std::string& name) { return matmul(a, b, false, false, name); }
   // x (B, C, ...) + bias (C): broadcast along axis 1.
   Value bias_add(Value x, Value bias, const std::string& name = "");
   Value add(Value a, Value b, const std::string& name = "");

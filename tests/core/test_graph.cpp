@@ -48,6 +48,12 @@ TEST(Builder, AMatmulNamedThirdIsNotTransposed) {
   EXPECT_EQ(b.shape(y), (Shape{4, 2}));
   EXPECT_EQ(node.attrs.get_int("trans_a"), 0);
   EXPECT_EQ(node.attrs.get_int("trans_b"), 0);
+  const std::string name = "fc_" + std::to_string(2);  // a std::string third, as a layer makes it
+  Value z = b.matmul(b.input("u", Shape{4, 3}), b.input("v", Shape{3, 2}), name);
+  const Node& named = b.graph().node(b.graph().value(z.id).producer);
+  EXPECT_EQ(named.name, "fc_2");
+  EXPECT_EQ(named.attrs.get_int("trans_a"), 0);
+  EXPECT_EQ(named.attrs.get_int("trans_b"), 0);
 }
 
 TEST(Builder, MatmulShapeMismatchNamesOpNodeAndBothShapes) {
