@@ -154,9 +154,11 @@ class LearnerGroup {
   // configuration restarts neither. Under a sync period z first takes the old replicas' steps
   // since the last sync (fold_local_steps()).
   // Refuses (quiver::Error, nothing changed) when k replicas would not fit in available memory.
-  // With tune, the caller's configuration overrules the tuner: tuned() turns false (the history
-  // stays the record of what the tuner measured), a fit() under way (the resize from its callback)
-  // keeps this configuration for the rest of it, and the next fit() tunes again.
+  // With tune, the caller's configuration overrules the tuner only until the next fit() starts:
+  // tuned() turns false (the history stays the record of what the tuner measured), a fit() under
+  // way (the resize from its callback) keeps this configuration for the rest of it, and the next
+  // fit() tunes again from the tuner's own start (one learner per device, all cores), not from it.
+  // To train on at a configuration of one's own, make the group without tune.
   void resize(int learners, int threads_per_learner);
   // Trains for `epochs` more epochs (or `max_rounds` rounds when > 0) on `train`, evaluating z on
   // `test` after each epoch. Samples/s count every learner's samples. An epoch cut short before
