@@ -109,6 +109,20 @@ void keep_mode_of(const std::filesystem::path& target, int fd) {
   if (::stat(target.c_str(), &existing) == 0 && S_ISREG(existing.st_mode)) ::fchmod(fd, existing.st_mode & 0777);
 }
 
+// Refuses a target that exists and must not be replaced: rename() would put a regular file in
+// place of a device, a pipe or a socket (as root, even /dev/null), and a file made read-only (to
+// keep it) would be replaced behind its owner's back, as a rename in a writable directory allows:
+// one this user may not write, and one nobody may (no write bit at all, which root's access()
+// would not see).
+void refuse_to_replace(const std::filesystem::path& target, const std::string& path, const std::string& what) {
+  std::error_code error;
+  if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error))
+    throw Error(cat(what, ": '", path, "' is not a regular file"));
+  if (struct stat file{}; ::stat(target.c_str(), &file) == 0 &&
+      ((file.st_mode & 0222) == 0 || (::access(target.c_str(), W_OK) != 0 && errno == EACCES)))
+    throw Error(cat(what, ": cannot replace '", path, "': it is read-only"));
+}
+
 }  // namespace
 
 std::string atomic_write_target(const std::string& path, const std::string& what) {
@@ -117,6 +131,9 @@ std::string atomic_write_target(const std::string& path, const std::string& what
 
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
   const std::filesystem::path target = write_target(path, what);
+  // Checked again here, not only up front (check_writable): a library caller may not have called
+  // it, and a file may have been made read-only since.
+  refuse_to_replace(target, path, what);
   const std::string directory = directory_of(target);
   std::string temporary;
   // The text goes to an unnamed file, named only once it is on the disk; where there is none (or
@@ -177,16 +194,7 @@ void check_writable(const std::string& path, const std::string& what) {
   if (!std::filesystem::is_directory(directory, error))
     throw Error(cat(what, ": cannot write '", path, "': directory '", directory,
                     std::filesystem::exists(directory, error) ? "' is not a directory" : "' does not exist"));
-  // rename() would put a regular file in place of a device, a pipe or a socket (as root, even
-  // /dev/null): only a regular file is replaced.
-  if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error))
-    throw Error(cat(what, ": '", path, "' is not a regular file"));
-  // A file made read-only (to keep it) is not replaced behind its owner's back, as a rename in a
-  // writable directory would: one this user may not write, and one nobody may (no write bit at
-  // all, which root's access() would not see).
-  if (struct stat file{}; ::stat(target.c_str(), &file) == 0 &&
-      ((file.st_mode & 0222) == 0 || (::access(target.c_str(), W_OK) != 0 && errno == EACCES)))
-    throw Error(cat(what, ": cannot replace '", path, "': it is read-only"));
+  refuse_to_replace(target, path, what);
   // In a sticky directory (/tmp) only the file's owner, the directory's or root may replace it:
   // the rename at the end of a run would be refused, even for a file anyone may write to.
   struct stat directory_status{}, target_status{};

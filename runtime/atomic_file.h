@@ -9,7 +9,9 @@
 
 namespace quiver {
 
-// Throws quiver::Error naming `what` and the path when the file cannot be written.
+// Throws quiver::Error naming `what` and the path when the file cannot be written, and, leaving
+// it as it was, when the target exists and is not a regular file or is read-only (see
+// check_writable: the same refusals, checked again at the write).
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
 // The file write_file_atomically(path, ...) replaces: `path`, or what its chain of symbolic links

@@ -62,6 +62,10 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
   EXPECT_EQ(message(pipe), cat("--output: '", pipe, "' is not a regular file"));
   EXPECT_EQ(message("/dev/null"), "--output: '/dev/null' is not a regular file");
+  // The write refuses it too (as root, its rename would put a regular file in place of /dev/null),
+  // and the pipe stays.
+  EXPECT_EQ(write_message(pipe), cat("checkpoint: '", pipe, "' is not a regular file"));
+  EXPECT_TRUE(std::filesystem::is_fifo(pipe));
   std::filesystem::remove(pipe);
   // A directory where no file can be created (root may write /proc by its permission bits).
   if (std::filesystem::is_directory("/proc")) {
@@ -116,6 +120,13 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   // A file made read-only (no write bit at all) is kept, also by root, whom access() lets write it.
   std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::group_read);
   EXPECT_EQ(message(path), cat("--output: cannot replace '", path, "': it is read-only"));
+  // The write itself refuses it too (a library caller need not have asked first), and the file
+  // keeps its text.
+  EXPECT_EQ(write_message(path), cat("checkpoint: cannot replace '", path, "': it is read-only"));
+  {
+    std::ifstream kept(path);
+    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()), "second");
+  }
   std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   EXPECT_NO_THROW(check_writable(path, "--output"));
   EXPECT_THROW(write_file_atomically(missing, "x", "results"), Error);

@@ -85,6 +85,32 @@ TEST(Checkpoint, ADivergedModelIsNotSavedOverAGoodOne) {
   std::filesystem::remove(path);
 }
 
+// A checkpoint made read-only (to keep it) is not replaced by a save through the API, also by
+// root: the rename would be allowed, so the library refuses it itself (quiver-train refused it up
+// front; a library caller had no such check). The file keeps its model.
+TEST(Checkpoint, AReadOnlyCheckpointIsNotReplaced) {
+  Batches data(8, 23);
+  const std::string path = checkpoint_path("read_only");
+  LearnerGroup group(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  group.round(data.images.data(), data.labels.data());
+  group.save(path);
+  const std::vector<float> kept(group.average().f32(), group.average().f32() + group.average().numel());
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  group.round(data.images.data(), data.labels.data());
+  try {
+    group.save(path);
+    FAIL() << "a read-only checkpoint was replaced";
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), cat("checkpoint: cannot replace '", path, "': it is read-only"));
+  }
+  LearnerGroup fresh(models::mlp(), recipe(), LearnerOptions{1, 1, SmaOptions{}});
+  fresh.load(path);
+  for (size_t i = 0; i < kept.size(); ++i) ASSERT_EQ(fresh.average().f32()[i], kept[i]) << "parameter " << i;
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  EXPECT_NO_THROW(group.save(path));  // writable again: saved
+  std::filesystem::remove(path);
+}
+
 // A model named with bytes that are not UTF-8 text cannot go into the header's JSON: a
 // quiver::Error that says so, the good file left as it was (the JSON library's own exception got
 // out of save(), and out of fit() when it saved from a callback).
