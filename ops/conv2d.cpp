@@ -81,23 +81,25 @@ ConvGeometry geometry_of(const KernelSpec& spec, const Shape& x, const Shape& w)
 }
 
 // The output of a convolution of input x (B, C, H, W) with weight w (O, C, KH, KW) under the
-// node's stride and padding; fails naming both shapes where they do not fit.
-Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w) {
-  if (x.rank() != 4 || w.rank() != 4) ctx.fail(cat("input ", x.str(), " and weight ", w.str(), " must have rank 4"));
+// node's stride and padding; fails naming both shapes where they do not fit, each as the caller
+// calls it (a gradient's "attribute shape" is neither of its inputs).
+Shape conv_output(const InferContext& ctx, const Shape& x, const Shape& w, const char* x_is = "input",
+                  const char* w_is = "weight") {
+  if (x.rank() != 4 || w.rank() != 4) ctx.fail(cat(x_is, " ", x.str(), " and ", w_is, " ", w.str(), " must have rank 4"));
   int64_t stride = ctx.node.attrs.get_int("stride", 1), padding = ctx.node.attrs.get_int("padding", 0);
   constexpr int64_t kLargest = int64_t{1} << 30;  // keeps x + 2*padding far from overflow
   if (stride < 1 || padding < 0 || stride > kLargest || padding > kLargest)
     ctx.fail(cat("stride ", stride, " / padding ", padding, " invalid"));
   if (w[1] != x[1])
-    ctx.fail(cat("input ", x.str(), " has ", x[1], " channels but weight ", w.str(), " expects ", w[1]));
+    ctx.fail(cat(x_is, " ", x.str(), " has ", x[1], " channels but ", w_is, " ", w.str(), " expects ", w[1]));
   if (w[2] < 1 || w[3] < 1) ctx.fail(cat("kernel ", w[2], "x", w[3], " is empty"));
   // Checked before dividing: C++ division truncates toward zero, so (2 - 3) / 2 + 1 would be 1.
   if (x[2] + 2 * padding < w[2] || x[3] + 2 * padding < w[3])
-    ctx.fail(cat("kernel ", w[2], "x", w[3], " does not fit input ", x.str(), " with padding ", padding));
+    ctx.fail(cat("kernel ", w[2], "x", w[3], " does not fit ", x_is, " ", x.str(), " with padding ", padding));
   ConvGeometry g = conv_geometry(x, w, stride, padding);
   // One image's im2col matrix (patch x out_plane) is a kernel's scratch: its size must not overflow.
   if (g.out_plane() > (int64_t{1} << 59) / std::max<int64_t>(1, g.patch()))
-    ctx.fail(cat("input ", x.str(), " and weight ", w.str(), ": the im2col matrix of ", g.patch(), " x ",
+    ctx.fail(cat(x_is, " ", x.str(), " and ", w_is, " ", w.str(), ": the im2col matrix of ", g.patch(), " x ",
                  g.out_plane(), " values is too large"));
   return Shape{g.batch, g.out_channels, g.out_h, g.out_w};
 }
@@ -117,7 +119,8 @@ std::vector<TensorType> infer_grad(const InferContext& ctx) {
   expect_dtype(ctx, 1, DType::F32);
   const Shape full(ctx.node.attrs.get_ints("shape"));
   const bool of_input = ctx.node.op == "conv2d_grad_input";
-  const Shape expected = of_input ? conv_output(ctx, full, ctx.shape(1)) : conv_output(ctx, ctx.shape(1), full);
+  const Shape expected = of_input ? conv_output(ctx, full, ctx.shape(1), "attribute shape")
+                                  : conv_output(ctx, ctx.shape(1), full, "input", "attribute shape");
   if (ctx.shape(0) != expected)
     ctx.fail(cat("gradient ", ctx.shape(0).str(), " does not match the convolution's output ", expected.str()));
   return {{full, DType::F32}};

@@ -493,6 +493,19 @@ TEST(Builder, DtypesAndGradientOpShapesAreChecked) {
   conv.set("shape", std::vector<int64_t>{1, 1, 8, 8});  // a 3x3 kernel makes 6x6, not 5x5
   message = error_of([&] { b.apply1("conv2d_grad_input", {conv_dy, kernel}, conv, "conv_grad"); });
   EXPECT_NE(message.find("[1,4,6,6]"), std::string::npos) << message;
+  // A gradient's "shape" is an attribute, not one of its inputs: the messages say so.
+  conv.set("shape", std::vector<int64_t>{1, 8, 8});
+  message = error_of([&] { b.apply1("conv2d_grad_input", {conv_dy, kernel}, conv, "conv_grad"); });
+  EXPECT_NE(message.find("attribute shape [1,8,8] and weight [4,1,3,3] must have rank 4"), std::string::npos) << message;
+  conv.set("shape", std::vector<int64_t>{1, 2, 7, 7});
+  message = error_of([&] { b.apply1("conv2d_grad_input", {conv_dy, kernel}, conv, "conv_grad"); });
+  EXPECT_NE(message.find("attribute shape [1,2,7,7] has 2 channels but weight [4,1,3,3] expects 1"), std::string::npos)
+      << message;
+  Value conv_x = b.input("conv_x", Shape{1, 1, 7, 7});
+  conv.set("shape", std::vector<int64_t>{4, 2, 3, 3});
+  message = error_of([&] { b.apply1("conv2d_grad_weight", {conv_dy, conv_x}, conv, "conv_wgrad"); });
+  EXPECT_NE(message.find("input [1,1,7,7] has 1 channels but attribute shape [4,2,3,3] expects 2"), std::string::npos)
+      << message;
 
   Value probs = b.input("probs", Shape{4, 10});
   Value few = b.input("few_labels", Shape{3}, DType::I32);
