@@ -165,6 +165,8 @@ std::vector<Value> GraphBuilder::apply(const std::string& op, const std::vector<
 
 std::vector<TensorType> GraphBuilder::infer_outputs(const OpDef& def, const Node& node,
                                                     std::vector<TensorType> inputs) const {
+  if (const std::string unknown = def.unknown_attribute(node.attrs); !unknown.empty())
+    throw Error(cat(node.op, " '", node.name, "': ", unknown));
   const InferContext infer{node, std::move(inputs)};
   std::vector<TensorType> outputs;
   try {

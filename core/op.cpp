@@ -1,5 +1,7 @@
 #include "core/op.h"
 
+#include <algorithm>
+
 #include "core/builder.h"
 #include "core/error.h"
 
@@ -45,6 +47,17 @@ std::string GradContext::name(const std::string& suffix) const {
 OpRegistry& OpRegistry::global() {
   static OpRegistry registry;
   return registry;
+}
+
+std::string OpDef::unknown_attribute(const Attrs& attrs) const {
+  for (const auto& [key, value] : attrs.all()) {
+    if (std::ranges::find(attributes, key) != attributes.end()) continue;
+    if (attributes.empty()) return cat("unknown attribute '", key, "'; ", kind, " takes no attributes");
+    std::string takes;
+    for (const std::string& name : attributes) takes += cat(takes.empty() ? "" : ", ", name);
+    return cat("unknown attribute '", key, "'; ", kind, " takes ", takes);
+  }
+  return {};
 }
 
 void OpRegistry::add(OpDef def) {

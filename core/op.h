@@ -133,8 +133,15 @@ struct OpDef {
   // optimizer state. Empty for every other op.
   std::vector<int> written_inputs;
   std::vector<KernelImpl> kernels;
+  // Every attribute the op's inference, gradient and kernels read. A node carrying any other is
+  // refused when it is built (GraphBuilder) and when a Plan checks it: a misspelt or unsupported
+  // attribute (conv2d's "dilation") is an error, not silently ignored. Empty: the op takes none.
+  std::vector<std::string> attributes;
 
   bool updates_in_place() const { return !written_inputs.empty(); }
+  // Empty if `attrs` holds only attributes this op takes; otherwise which one it does not, and
+  // what it takes.
+  std::string unknown_attribute(const Attrs& attrs) const;
 };
 
 class OpRegistry {

@@ -279,6 +279,7 @@ const bool registered = [] {
   OpDef def;
   def.kind = "conv2d";
   def.infer = infer;
+  def.attributes = {"stride", "padding"};
   def.backward = [](GradContext& ctx) {
     GraphBuilder& b = ctx.builder();
     Attrs attrs = ctx.node().attrs;
@@ -300,6 +301,7 @@ const bool registered = [] {
   OpDef grad_input;
   grad_input.kind = "conv2d_grad_input";
   grad_input.infer = infer_grad;
+  grad_input.attributes = {"stride", "padding", "shape"};  // the forward's, and the input's shape
   grad_input.kernels.push_back(onednn_conv2d_grad_input_kernel());
   grad_input.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_input});
   grad_input.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_grad_input});
@@ -308,6 +310,7 @@ const bool registered = [] {
   OpDef grad_weight;
   grad_weight.kind = "conv2d_grad_weight";
   grad_weight.infer = infer_grad;
+  grad_weight.attributes = {"stride", "padding", "shape"};  // the forward's, and the weight's shape
   grad_weight.kernels.push_back(onednn_conv2d_grad_weight_kernel());
   grad_weight.kernels.push_back({"im2col_gemm", DeviceKind::CPU, nullptr, prepare_grad_weight});
   grad_weight.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_grad_weight});

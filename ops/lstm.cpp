@@ -309,6 +309,7 @@ const bool registered = [] {
   OpDef grad;
   grad.kind = "lstm_grad";
   grad.infer = infer_grad;
+  grad.attributes = {"input_grad"};
   grad.kernels.push_back({"fused", DeviceKind::CPU, nullptr, prepare_backward});
   grad.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference_backward});
   return register_op(std::move(grad));

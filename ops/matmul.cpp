@@ -72,6 +72,7 @@ const bool registered = [] {
   OpDef def;
   def.kind = "matmul";
   def.infer = infer;
+  def.attributes = {"trans_a", "trans_b"};
   def.backward = backward;
   def.kernels.push_back({"onednn_sgemm", DeviceKind::CPU, nullptr, prepare_sgemm});
   def.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_reference});

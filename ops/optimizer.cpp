@@ -53,6 +53,7 @@ const bool registered = [] {
   OpDef sgd;
   sgd.kind = "sgd_update";
   sgd.infer = [](const InferContext& ctx) { return infer_update(ctx, 4, 3); };
+  sgd.attributes = {"momentum", "weight_decay"};
   sgd.written_inputs = {0, 2};  // w, velocity
   sgd.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_sgd});
   register_op(std::move(sgd));
@@ -60,6 +61,7 @@ const bool registered = [] {
   OpDef adam;
   adam.kind = "adam_update";
   adam.infer = [](const InferContext& ctx) { return infer_update(ctx, 6, 4); };
+  adam.attributes = {"beta1", "beta2", "epsilon", "weight_decay"};
   adam.written_inputs = {0, 2, 3};  // w, m, v
   adam.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_adam});
   return register_op(std::move(adam));

@@ -143,6 +143,7 @@ const bool registered = [] {
   OpDef def;
   def.kind = "max_pool2d";
   def.infer = infer;
+  def.attributes = {"kernel", "stride", "padding"};  // padding: only 0, refused by name otherwise
   def.backward = [](GradContext& ctx) {
     Attrs attrs = ctx.node().attrs;
     attrs.set("shape", ctx.input_shape(0).dims());
@@ -155,6 +156,7 @@ const bool registered = [] {
   OpDef grad;
   grad.kind = "max_pool2d_grad";
   grad.infer = infer_grad;
+  grad.attributes = {"kernel", "stride", "padding", "shape"};  // the forward's, and its input's shape
   grad.kernels.push_back({"reference", DeviceKind::CPU, nullptr, prepare_grad});
   return register_op(std::move(grad));
 }();

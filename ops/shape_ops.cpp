@@ -103,6 +103,7 @@ const bool registered = [] {
   auto stateless = [](KernelFn fn) { return [fn](const KernelSpec&) { return fn; }; };
 
   OpDef reshape = make("reshape", infer_reshape, stateless(copy_kernel));
+  reshape.attributes = {"shape"};
   reshape.backward = [](GradContext& ctx) {
     ctx.set_input_grad(0, ctx.builder().reshape(ctx.output_grad(0), ctx.input_shape(0), ctx.name("input")));
   };
@@ -115,12 +116,15 @@ const bool registered = [] {
   copy.backward = [](GradContext& ctx) { ctx.set_input_grad(0, ctx.output_grad(0)); };
   register_op(std::move(copy));
 
-  register_op(make("fill", infer_fill, [](const KernelSpec& spec) -> KernelFn {
+  OpDef fill = make("fill", infer_fill, [](const KernelSpec& spec) -> KernelFn {
     float value = static_cast<float>(spec.node.attrs.get_float("value"));
     return [value](const KernelCall& call) { call.outputs[0].fill(value); };
-  }));
+  });
+  fill.attributes = {"shape", "value"};
+  register_op(std::move(fill));
 
   OpDef select = make("select_step", infer_select_step, prepare_select_step);
+  select.attributes = {"step"};
   select.backward = [](GradContext& ctx) {
     Attrs attrs;
     attrs.set("step", ctx.node().attrs.get_int("step")).set("shape", ctx.input_shape(0).dims());
@@ -128,7 +132,9 @@ const bool registered = [] {
                                                ctx.name("input")));
   };
   register_op(std::move(select));
-  return register_op(make("select_step_grad", infer_select_step_grad, prepare_select_step_grad));
+  OpDef select_grad = make("select_step_grad", infer_select_step_grad, prepare_select_step_grad);
+  select_grad.attributes = {"step", "shape"};  // the forward's, and its input's shape
+  return register_op(std::move(select_grad));
 }();
 
 }  // namespace

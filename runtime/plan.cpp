@@ -63,9 +63,11 @@ void check_node(const Graph& graph, const Node& node) {
     }
     infer.inputs.push_back({input.shape, input.dtype});
   }
+  const OpDef& def = OpRegistry::global().get(node.op);
+  if (const std::string unknown = def.unknown_attribute(node.attrs); !unknown.empty()) throw Error(cat(where, unknown));
   std::vector<TensorType> inferred;
   try {
-    inferred = OpRegistry::global().get(node.op).infer(infer);
+    inferred = def.infer(infer);
   } catch (const std::exception& error) {  // InferContext::fail names the op and the node already
     const std::string said = error.what(), named = cat(node.op, " '", node.name, "': ");
     throw Error(cat(where, "its inputs no longer fit its op: ", said.starts_with(named) ? said.substr(named.size()) : said));

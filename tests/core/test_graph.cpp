@@ -638,6 +638,58 @@ TEST(Builder, AttributeErrorsNameTheOpAndTheNode) {
   EXPECT_NE(message.find("no parameter 7"), std::string::npos) << message;
 }
 
+// An attribute the op does not take is refused, not ignored: conv2d once built a plain convolution
+// for a node asking for dilation 2, and a misspelt "strides" pooled with the default stride.
+TEST(Builder, AnAttributeTheOpDoesNotTakeIsRefused) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 3, 8, 8});
+  Value w = b.input("w", Shape{4, 3, 3, 3});
+  Attrs dilated = conv2d_attrs({});
+  dilated.set("dilation", int64_t{2});
+  const size_t nodes = b.graph().nodes().size(), values = b.graph().values().size();
+  std::string message = error_of([&] { b.apply1("conv2d", {x, w}, dilated, "dilated"); });
+  EXPECT_NE(message.find("conv2d 'dilated': unknown attribute 'dilation'; conv2d takes stride, padding"),
+            std::string::npos) << message;
+  EXPECT_EQ(b.graph().nodes().size(), nodes);
+  EXPECT_EQ(b.graph().values().size(), values);
+  message = error_of([&] { b.infer("conv2d", {{Shape{2, 3, 8, 8}}, {Shape{4, 3, 3, 3}}}, dilated, "probe"); });
+  EXPECT_NE(message.find("conv2d 'probe': unknown attribute 'dilation'"), std::string::npos) << message;
+  Attrs misspelt;
+  misspelt.set("kernel", int64_t{2}).set("strides", int64_t{1});
+  message = error_of([&] { b.apply("max_pool2d", {x}, misspelt, "pool"); });
+  EXPECT_NE(message.find("max_pool2d 'pool': unknown attribute 'strides'; max_pool2d takes kernel, stride, padding"),
+            std::string::npos) << message;
+  Attrs slope;
+  slope.set("alpha", 0.1);
+  message = error_of([&] { b.apply1("relu", {x}, slope, "leaky"); });
+  EXPECT_NE(message.find("relu 'leaky': unknown attribute 'alpha'; relu takes no attributes"), std::string::npos)
+      << message;
+  // What the op does take is still accepted, the gradients' attributes included.
+  Value p = b.parameter("p", Shape{4, 3, 3, 3}, ParamInit::uniform(0.1));
+  Value y = b.max_pool2d(b.relu(b.conv2d(x, p, {.stride = 1, .padding = 1}, "conv")), 2, 2, "pool");
+  Value loss = b.softmax_cross_entropy(b.matmul(b.flatten(y), b.parameter("fc", Shape{64, 10}, ParamInit::uniform(0.1))),
+                                       b.input("labels", Shape{2}, DType::I32));
+  EXPECT_NO_THROW(build_backward(b, loss));
+}
+
+// A node added through Graph's own API is checked by the plan the same way.
+TEST(Plan, AnAttributeTheOpDoesNotTakeIsRefused) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{2, 2});
+  Graph& g = b.graph();
+  Node node;
+  node.op = "relu";
+  node.name = "leaky";
+  node.inputs = {x.id};
+  node.outputs = {g.add_value(activation_named("leaky"))};
+  node.attrs.set("alpha", 0.1);
+  g.add_node(node);
+  ParamStore store(g);
+  const std::string message = error_of([&] { Plan plan(g, store, {g.handle(node.outputs[0])}); });
+  EXPECT_NE(message.find("plan: relu 'leaky': unknown attribute 'alpha'; relu takes no attributes"), std::string::npos)
+      << message;
+}
+
 // softmax_cross_entropy differentiates its loss, not its probabilities: a gradient reaching the
 // probabilities is an error naming the op and the node, not silently dropped.
 TEST(Autodiff, AGradientThroughAnOutputWithoutOneIsAnError) {
@@ -965,6 +1017,7 @@ const bool registered_workspace_op = [] {
   OpDef def;
   def.kind = "test_workspace";
   def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
+  def.attributes = {"bytes"};
   KernelImpl impl;
   impl.name = "reference";
   impl.device = DeviceKind::CPU;
