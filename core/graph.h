@@ -61,7 +61,7 @@ class Attrs {
   double get_float(const std::string& key) const;
   double get_float(const std::string& key, double fallback) const;
   const std::vector<int64_t>& get_ints(const std::string& key) const;
-  std::string str() const;  // "stride=2,pad=1": for op keys and messages
+  std::string str() const;  // "padding=1,stride=2" (keys in order): for op keys and messages
   const std::map<std::string, AttrValue>& all() const { return values_; }
 
  private:

@@ -20,7 +20,7 @@
 
 namespace quiver {
 
-// "conv2d/onednn_conv (64,1,28,28)(32,1,5,5) pad=2,stride=1": what an op's time depends on.
+// "conv2d/onednn [64,1,28,28][16,1,5,5] padding=2,stride=1": what an op's time depends on.
 std::string op_key(const Graph& graph, const Node& node, const std::string& kernel);
 
 double median_of(std::vector<double> values);
@@ -42,7 +42,7 @@ class PerfModel {
 
   explicit PerfModel(int max_threads);  // 1..kMostThreads
   int max_threads() const { return max_threads_; }
-  // Thread counts profiled: every count up to 8, then a doubling series up to max_threads.
+  // Thread counts profiled: every count up to 8, then a doubling series, then max_threads itself.
   const std::vector<int>& profiled_counts() const { return counts_; }
 
   void add_sample(const std::string& key, int threads, double seconds);

@@ -220,7 +220,8 @@ class Trainer {
   double train_step(std::span<const float> images, std::span<const int32_t> labels);
   // The rate the next step trains at: TrainOptions::learning_rate, then where fit() is at in the
   // step decay; set_learning_rate() changes it until fit() next starts an epoch of a schedule
-  // (without lr_drop_epochs fit() leaves it as set). Throws on a rate that is not positive and finite.
+  // (without lr_drop_epochs fit() leaves it as set). Throws on a rate outside a 32-bit float's
+  // positive normal range [FLT_MIN, FLT_MAX], which the kernels compute in.
   double learning_rate() const { return learning_rate_; }
   void set_learning_rate(double learning_rate);
   // The parameters from a checkpoint of this model (runtime/checkpoint.h; LearnerGroup::save
