@@ -123,6 +123,13 @@ void refuse_to_replace(const std::filesystem::path& target, const std::string& p
     throw Error(cat(what, ": cannot replace '", path, "': it is read-only"));
 }
 
+// Whether `error`, from looking up a path, says only that it is not there (or a component of it is
+// not a directory): anything else (a name too long, no permission to search, an I/O error) is a
+// reason of its own, to be reported as it is.
+bool only_missing(const std::error_code& error) {
+  return !error || error == std::errc::no_such_file_or_directory || error == std::errc::not_a_directory;
+}
+
 }  // namespace
 
 std::string atomic_write_target(const std::string& path, const std::string& what) {
@@ -188,12 +195,17 @@ bool may_replace_in(unsigned directory_mode, unsigned directory_owner, unsigned 
 void check_writable(const std::string& path, const std::string& what) {
   if (path.empty()) throw Error(cat(what, ": empty file name"));
   std::error_code error;
+  // A lookup of the path itself that fails is looked into below: its directory's lookup names
+  // the reason, and a name too long for the file system is checked against the directory's limit.
   if (std::filesystem::is_directory(path, error)) throw Error(cat(what, ": '", path, "' is a directory"));
   const std::filesystem::path target = write_target(path, what);
   const std::string directory = directory_of(target);
-  if (!std::filesystem::is_directory(directory, error))
+  const std::filesystem::file_status directory_type = std::filesystem::status(directory, error);
+  if (!only_missing(error))
+    throw Error(cat(what, ": cannot write '", path, "': directory '", directory, "': ", error.message()));
+  if (!std::filesystem::is_directory(directory_type))
     throw Error(cat(what, ": cannot write '", path, "': directory '", directory,
-                    std::filesystem::exists(directory, error) ? "' is not a directory" : "' does not exist"));
+                    std::filesystem::exists(directory_type) ? "' is not a directory" : "' does not exist"));
   refuse_to_replace(target, path, what);
   // In a sticky directory (/tmp) only the file's owner, the directory's or root may replace it:
   // the rename at the end of a run would be refused, even for a file anyone may write to.

@@ -113,6 +113,18 @@ TEST(AtomicFile, ReplacesWholeAndRefusesBadDestinations) {
   const std::string missing = (dir / "no" / "x.md").string();
   EXPECT_EQ(message(missing),
             cat("--output: cannot write '", missing, "': directory '", (dir / "no").string(), "' does not exist"));
+  // A directory name too long to look up is not a missing directory: the lookup's own reason is
+  // given (ENAMETOOLONG), for a component and for a whole path past PATH_MAX.
+  const std::string long_component = (dir / std::string(300, 'c') / "x.md").string();
+  EXPECT_EQ(message(long_component), cat("--output: cannot write '", long_component, "': directory '",
+                                         (dir / std::string(300, 'c')).string(), "': ",
+                                         std::make_error_code(std::errc::filename_too_long).message()));
+  std::string long_path = dir.string();
+  while (long_path.size() <= 4096) long_path += "/" + std::string(200, 'd');
+  const std::string refused_long_path = message(long_path + "/x.md");
+  EXPECT_NE(refused_long_path.find(std::make_error_code(std::errc::filename_too_long).message()), std::string::npos)
+      << refused_long_path;
+  EXPECT_EQ(refused_long_path.find("does not exist"), std::string::npos) << refused_long_path;
   // A path through a file is not a missing directory.
   const std::string through_a_file = (dir / "out.md" / "x.md").string();
   EXPECT_EQ(message(through_a_file), cat("--output: cannot write '", through_a_file, "': directory '",
