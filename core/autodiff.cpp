@@ -1,9 +1,11 @@
 #include "core/autodiff.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "core/error.h"
+#include "core/float_range.h"
 #include "core/log.h"
 #include "core/op.h"
 
@@ -146,8 +148,8 @@ void add_sgd_update(GraphBuilder& builder, Value learning_rate, const SgdOptions
   Graph& graph = builder.graph();
   check_ready_for_updates(graph);
   check_fed(graph, learning_rate, "learning rate");
-  if (!(options.momentum >= 0.0 && options.momentum < 1.0))
-    throw Error(cat("sgd: momentum must be in [0, 1), got ", options.momentum));
+  if (const std::string problem = float_fraction_problem(options.momentum, false); !problem.empty())
+    throw Error(cat("sgd: momentum ", problem));
   if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
     throw Error(cat("sgd: weight decay must be finite and >= 0, got ", options.weight_decay));
   for (size_t index = 0; index < graph.params().size(); ++index) {
@@ -167,10 +169,13 @@ void add_adam_update(GraphBuilder& builder, Value learning_rate, Value step,
   check_fed(graph, learning_rate, "learning rate");
   check_fed(graph, step, "step");
   // beta = 1 would divide by zero in the bias correction; epsilon = 0 would turn a zero gradient into 0/0.
-  if (!(options.beta1 >= 0.0 && options.beta1 < 1.0)) throw Error(cat("adam: beta1 must be in [0, 1), got ", options.beta1));
-  if (!(options.beta2 >= 0.0 && options.beta2 < 1.0)) throw Error(cat("adam: beta2 must be in [0, 1), got ", options.beta2));
-  if (!(options.epsilon > 0.0 && std::isfinite(options.epsilon)))
-    throw Error(cat("adam: epsilon must be finite and > 0, got ", options.epsilon));
+  if (const std::string problem = float_fraction_problem(options.beta1, false); !problem.empty())
+    throw Error(cat("adam: beta1 ", problem));
+  if (const std::string problem = float_fraction_problem(options.beta2, false); !problem.empty())
+    throw Error(cat("adam: beta2 ", problem));
+  if (!(options.epsilon >= std::numeric_limits<float>::min() && options.epsilon <= std::numeric_limits<float>::max()))
+    throw Error(cat("adam: epsilon must be in a 32-bit float's normal range [", std::numeric_limits<float>::min(), ", ",
+                    std::numeric_limits<float>::max(), "], got ", options.epsilon));
   if (!(options.weight_decay >= 0.0 && std::isfinite(options.weight_decay)))
     throw Error(cat("adam: weight decay must be finite and >= 0, got ", options.weight_decay));
   for (size_t index = 0; index < graph.params().size(); ++index) {

@@ -223,13 +223,13 @@ int run(int argc, char** argv) {
       std::cout << "device " << o.device.str() << " (kernels in order on each learner's stream, CUDA graphs "
                 << (o.device_graphs ? "on" : "off") << ")";
     }
-    std::cout << ", " << o.optimizer << " lr " << o.learning_rate;
+    std::cout << ", " << o.optimizer << " lr " << number_text(o.learning_rate);
     if (!o.lr_drop_epochs.empty()) {
-      std::cout << " (x" << o.lr_drop_factor << " at epoch" << (o.lr_drop_epochs.size() > 1 ? "s" : "");
+      std::cout << " (x" << number_text(o.lr_drop_factor) << " at epoch" << (o.lr_drop_epochs.size() > 1 ? "s" : "");
       for (size_t i = 0; i < o.lr_drop_epochs.size(); ++i) std::cout << (i == 0 ? " " : ", ") << o.lr_drop_epochs[i];
       std::cout << ")";
     }
-    if (o.weight_decay > 0.0) std::cout << ", weight decay " << o.weight_decay;
+    if (o.weight_decay > 0.0) std::cout << ", weight decay " << number_text(o.weight_decay);
     std::cout << ", seed " << o.seed << ", data " << dir << " (" << train.count << " train, "
               << test.count << " test)\n";
     const bool live = !command.quiet && isatty(fileno(stdout));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/float_range.h"
 #include "models/models.h"
 #include "runtime/atomic_file.h"
 #include "runtime/learners.h"
@@ -272,6 +273,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
       double momentum = parse_number(flag, value);
       if (!(momentum >= 0.0 && momentum < 1.0))
         throw Error(cat("--momentum: must be in [0, 1), got '", value, "'"));
+      if (const std::string problem = float_fraction_problem(momentum, false); !problem.empty())
+        throw Error(cat("--momentum: ", problem));
       command.train.momentum = momentum;
       momentum_given = true;
     } else if (flag == "--weight-decay") {
@@ -318,10 +321,14 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
     } else if (flag == "--alpha") {
       double alpha = parse_number(flag, value);
       if (!(alpha >= 0.0 && alpha <= 1.0)) throw Error(cat("--alpha: must be in [0, 1], got '", value, "'"));
+      if (const std::string problem = float_fraction_problem(alpha, true); !problem.empty())
+        throw Error(cat("--alpha: ", problem));
       command.alpha = alpha;
     } else if (flag == "--mu-z") {
       double mu_z = parse_number(flag, value);
       if (!(mu_z >= 0.0 && mu_z < 1.0)) throw Error(cat("--mu-z: must be in [0, 1), got '", value, "'"));
+      if (const std::string problem = float_fraction_problem(mu_z, false); !problem.empty())
+        throw Error(cat("--mu-z: ", problem));
       command.mu_z = mu_z;
     } else if (flag == "--sync") {
       if (value != "sma" && value != "ssgd") throw Error(cat("--sync: expected sma or ssgd, got '", value, "'"));

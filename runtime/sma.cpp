@@ -6,6 +6,7 @@
 #include "core/denormals.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/float_range.h"
 #include "runtime/sma_math.h"
 
 namespace quiver {
@@ -44,8 +45,10 @@ SmaOptions checked_sma_options(SmaOptions options, int learners) {
   if (learners < 1) throw Error(cat("SMA: needs at least one learner, got ", learners));
   SmaOptions checked = options;
   if (options.alpha < 0.0) checked.alpha = 1.0 / learners;
-  if (!(checked.alpha >= 0.0 && checked.alpha <= 1.0)) throw Error(cat("SMA: alpha must be in [0, 1], got ", options.alpha));
-  if (!(checked.mu_z >= 0.0 && checked.mu_z < 1.0)) throw Error(cat("SMA: mu_z must be in [0, 1), got ", options.mu_z));
+  if (const std::string problem = float_fraction_problem(checked.alpha, true); !problem.empty())
+    throw Error(cat("SMA: alpha ", problem));
+  if (const std::string problem = float_fraction_problem(checked.mu_z, false); !problem.empty())
+    throw Error(cat("SMA: mu_z ", problem));
   return checked;
 }
 

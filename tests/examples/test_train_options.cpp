@@ -180,6 +180,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // The range itself, where no other rule would name the flag first.
                       BadFlag{{"--policy", "fixed", "--inter", "0", "--intra", "1"}, "--inter: 0 is out of range [1, 4096]"},
                       BadFlag{{"--learners", "2", "--alpha", "1.5"}, "--alpha: must be in [0, 1], got '1.5'"},
+                      // In range as doubles, not as the kernels' floats.
+                      BadFlag{{"--momentum", "0.99999999"}, "--momentum: 0.99999999 rounds to 1"},
+                      BadFlag{{"--learners", "2", "--mu-z", "0.99999999"}, "--mu-z: 0.99999999 rounds to 1"},
+                      BadFlag{{"--learners", "2", "--alpha", "1e-39"}, "--alpha: 1e-39 is below the smallest normal"},
+                      BadFlag{{"--momentum", "1e-39"}, "--momentum: 1e-39 is below the smallest normal"},
                       BadFlag{{"--staleness", "1"}, "--staleness"},
                       BadFlag{{"--lr-scaling", "linear"}, "--lr-scaling"},
                       BadFlag{{"--learners", "2", "--lr-scaling", "cubic"}, "--lr-scaling"},

@@ -110,10 +110,21 @@ TEST(Optimizer, BadHyperparametersAndInputTypesAreRefused) {
   EXPECT_NE(adam_with([](AdamOptions& o) { o.beta1 = 1.0; }).find("beta1 must be in [0, 1), got 1"), std::string::npos);
   EXPECT_NE(adam_with([](AdamOptions& o) { o.beta2 = -0.5; }).find("beta2"), std::string::npos);
   EXPECT_NE(adam_with([](AdamOptions& o) { o.epsilon = 0.0; }).find("epsilon"), std::string::npos);
+  // Fractions below 1 as doubles that are 1 as floats: Adam's bias correction would divide by 0.
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.beta2 = 0.99999999; }).find("beta2 0.99999999 rounds to 1"),
+            std::string::npos);
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.beta1 = 1e-40; }).find("beta1 1e-40 is below the smallest normal"),
+            std::string::npos);
+  EXPECT_NE(adam_with([](AdamOptions& o) { o.epsilon = 1e-40; }).find("epsilon must be in a 32-bit float's normal range"),
+            std::string::npos);
+  EXPECT_EQ(adam_with([](AdamOptions& o) { o.beta2 = 0.99999994; }), "");
   EXPECT_NE(adam_with([](AdamOptions& o) { o.weight_decay = std::nan(""); }).find("weight decay"), std::string::npos);
   EXPECT_EQ(adam_with([](AdamOptions&) {}), "");
   EXPECT_NE(built([](GraphBuilder& b) { add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{1.0, 0.0}); })
                 .find("momentum must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(built([](GraphBuilder& b) { add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{0.99999999, 0.0}); })
+                .find("momentum 0.99999999 rounds to 1"),
             std::string::npos);
   EXPECT_NE(built([](GraphBuilder& b) { add_sgd_update(b, b.input("lr", Shape{1}), SgdOptions{0.9, -1.0}); })
                 .find("weight decay"),

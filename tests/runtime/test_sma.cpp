@@ -208,6 +208,13 @@ TEST(Sma, RejectsBadOptions) {
   EXPECT_THROW(SmaSync(z, 0, SmaOptions{}), Error);
   EXPECT_THROW(SmaSync(z, 2, SmaOptions{1.5, 0.9}), Error);
   EXPECT_THROW(SmaSync(z, 2, SmaOptions{0.5, 1.0}), Error);
+  // In [0, 1) as doubles, but not as the floats the round computes in: mu_z 1.0f would never
+  // let the average's momentum decay, and a subnormal alpha is read as 0.
+  EXPECT_NE(error_of([&] { SmaSync(z, 2, SmaOptions{0.5, 0.99999999}); }).find("mu_z 0.99999999 rounds to 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { SmaSync(z, 2, SmaOptions{1e-39, 0.9}); }).find("alpha 1e-39 is below the smallest normal"),
+            std::string::npos);
+  EXPECT_EQ(SmaSync(z, 2, SmaOptions{0.0, 0.99999994}).alpha(), 0.0);  // the largest float below 1, and alpha 0
   EXPECT_DOUBLE_EQ(SmaSync(z, 4, SmaOptions{}).alpha(), 0.25);  // default: 1/k
   SmaSync sma(z, 2, SmaOptions{});
   Tensor w = flat({1, 2, 3});
