@@ -110,10 +110,19 @@ int train_learners(const quiver::TrainCommand& command, const quiver::Dataset& t
   };
   // Only an epoch trained to its end is saved as one (max_rounds may cut the last short: the save
   // after training keeps that, and a resumed run goes on inside it); the last epoch's save is that one.
+  // A save that fails here (a full disk, the directory removed) is a warning: training goes on, the
+  // epochs' results are printed, and the save after training tries again (exit status 1 if it fails).
   if (!command.checkpoint.empty())
     group.on_epoch([&](const EpochReport& epoch) {
-      if (group.epochs_done() == epoch.epoch && epoch.epoch < command.train.epochs)
-        save(cat("after epoch ", epoch.epoch).c_str());
+      if (group.epochs_done() == epoch.epoch && epoch.epoch < command.train.epochs) {
+        try {
+          save(cat("after epoch ", epoch.epoch).c_str());
+        } catch (const Error& error) {
+          if (live) std::cout << "\n" << std::flush;
+          std::cerr << "quiver-train: warning: the save after epoch " << epoch.epoch << " failed: " << error.what()
+                    << "; training goes on, and saves again after training\n";
+        }
+      }
       return true;
     });
   TrainReport report = group.fit(train, &test, epochs, max_rounds);
