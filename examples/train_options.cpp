@@ -16,6 +16,7 @@
 #include "core/float_range.h"
 #include "models/models.h"
 #include "runtime/atomic_file.h"
+#include "runtime/fashion_mnist.h"
 #include "runtime/learners.h"
 #include "runtime/perf_model.h"
 #include "runtime/thread_budget.h"
@@ -497,6 +498,18 @@ TrainCommand parse_train_command(const std::vector<std::string>& args) {
         throw Error(cat(files[a].first, " and ", files[b].first, ": both name '", files[a].second,
                         "'; one would overwrite the other"));
     }
+  // Nor may an output replace one of the data files training reads (--resume only reads).
+  const std::string data_dir = command.data_dir.empty() ? default_fashion_mnist_dir() : command.data_dir;
+  for (const auto& [flag, path] : files) {
+    if (flag == "--resume" || path.empty()) continue;
+    for (const char* split : {"train", "t10k"})
+      for (const char* kind : {"-images-idx3-ubyte", "-labels-idx1-ubyte"})
+        for (const char* suffix : {"", ".gz"}) {
+          const std::string data_file = (std::filesystem::path(data_dir) / cat(split, kind, suffix)).string();
+          if (same_file(path, data_file))
+            throw Error(cat(flag, ": '", path, "' is the data file ", data_file, ", which it would overwrite"));
+        }
+  }
   return command;
 }
 

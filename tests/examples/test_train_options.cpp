@@ -260,6 +260,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadFlag{{"--threads", "1", "--learners", "2"}, "--learners 2: a thread each at least, more than --threads 1"},
                       BadFlag{{"--learners", "2", "--trace", "same.out", "--checkpoint", "same.out"},
                               "--trace and --checkpoint: both name 'same.out'"},
+                      // An output that is one of the data files training reads (the .gz name or the plain one).
+                      BadFlag{{"--data", ".", "--trace", "train-images-idx3-ubyte.gz"},
+                              "--trace: 'train-images-idx3-ubyte.gz' is the data file ./train-images-idx3-ubyte.gz"},
+                      BadFlag{{"--data", ".", "--learners", "2", "--checkpoint", "./t10k-labels-idx1-ubyte"},
+                              "--checkpoint: './t10k-labels-idx1-ubyte' is the data file"},
+                      BadFlag{{"--data", ".", "--profile-cache", "t10k-images-idx3-ubyte.gz"}, "--profile-cache: 't10k-images-idx3-ubyte.gz' is the data file"},
                       BadFlag{{"--trace", "same.json", "--profile-cache", "./same.json"},
                               "--trace and --profile-cache: both name 'same.json'"}),
     [](const ::testing::TestParamInfo<BadFlag>& info) {
