@@ -137,12 +137,6 @@ __global__ void sma_round_kernel(float* z, float* previous_move, SmaBuffers buff
   }
 }
 
-__global__ void fill_kernel(float* dst, float value, int64_t count) {
-  for (int64_t i = first_index(); i < count;
-       i += grid_stride())
-    dst[i] = value;
-}
-
 // A captured, instantiated CUDA graph and the workspace it was captured with.
 struct CapturedGraph {
   cudaGraphExec_t exec = nullptr;
@@ -207,8 +201,7 @@ class CudaBackend final : public DeviceBackend {
 
   void fill(void* dst, int device, float value, int64_t count) override {
     drain(Device::cuda(device));
-    fill_kernel<<<blocks_for(count), kThreadsPerBlock>>>(static_cast<float*>(dst), value, count);
-    QUIVER_CUDA_CHECK_LAUNCH();
+    launch_fill(static_cast<float*>(dst), value, count, nullptr);
     QUIVER_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
@@ -344,7 +337,7 @@ class CudaBackend final : public DeviceBackend {
 };
 
 // Never destroyed: tensors released during static destruction still find it.
-const bool registered = [] {
+const bool backend_registered = [] {
   register_device_backend(DeviceKind::CUDA, new CudaBackend());
   return true;
 }();

@@ -63,7 +63,7 @@ KernelFn prepare_bias_grad(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool bias_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
   registry.add_kernel("bias_add", cuda_kernel("cuda", prepare_bias_add));
   registry.add_kernel("bias_grad", cuda_kernel("cuda", prepare_bias_grad));

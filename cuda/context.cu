@@ -193,6 +193,19 @@ const StreamContext& stream_of(const KernelCall& call) {
   return *stream;
 }
 
+namespace {
+
+__global__ void fill_kernel(float* dst, float value, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += grid_stride()) dst[i] = value;
+}
+
+}  // namespace
+
+void launch_fill(float* dst, float value, int64_t count, cudaStream_t stream) {
+  fill_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream>>>(dst, value, count);
+  QUIVER_CUDA_CHECK_LAUNCH();
+}
+
 KernelImpl cuda_kernel(std::string name, KernelFn fn) {
   return cuda_kernel(std::move(name), [fn = std::move(fn)](const KernelSpec&) { return fn; });
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "core/op.h"
@@ -94,6 +95,13 @@ inline unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>(blocks);
 }
 constexpr unsigned kThreadsPerBlock = 256;
+
+// What a queued kernel writes where the CPU kernel would throw (it cannot reach the host).
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Queues `count` floats at `dst` set to `value` on `stream` (nullptr: the legacy default stream)
+// and checks the launch.
+void launch_fill(float* dst, float value, int64_t count, cudaStream_t stream);
 
 #ifdef __CUDACC__
 // Grid-stride loops: for (int64_t i = first_index(); i < count; i += grid_stride()).

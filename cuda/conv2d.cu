@@ -255,7 +255,7 @@ KernelFn kernel_for(const KernelSpec& spec, Pass pass, const ConvGeometry& g) {
   };
 }
 
-KernelFn prepare_forward(const KernelSpec& spec) {
+KernelFn prepare_conv_forward(const KernelSpec& spec) {
   // inputs: x (B, C, H, W), w (O, C, KH, KW); output y (B, O, OH, OW)
   return kernel_for(spec, Pass::Forward, geometry_of(spec, spec.input(0).shape, spec.input(1).shape));
 }
@@ -274,9 +274,9 @@ KernelFn prepare_grad_weight(const KernelSpec& spec) {
   return kernel_for(spec, Pass::BackwardFilter, g);
 }
 
-const bool registered = [] {
+const bool conv2d_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
-  registry.add_kernel("conv2d", cuda_kernel("cudnn", prepare_forward));
+  registry.add_kernel("conv2d", cuda_kernel("cudnn", prepare_conv_forward));
   registry.add_kernel("conv2d_grad_input", cuda_kernel("cudnn", prepare_grad_input));
   registry.add_kernel("conv2d_grad_weight", cuda_kernel("cudnn", prepare_grad_weight));
   return true;

@@ -69,7 +69,7 @@ KernelFn binary() {
   };
 }
 
-const bool registered = [] {
+const bool elementwise_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
   registry.add_kernel("add", cuda_kernel("cuda", binary<Add>()));
   registry.add_kernel("mul", cuda_kernel("cuda", binary<Mul>()));

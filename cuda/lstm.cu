@@ -114,7 +114,7 @@ __global__ void column_sum_kernel(float* sums, const float* matrix, int64_t rows
   }
 }
 
-KernelFn prepare_forward(const KernelSpec& spec) {
+KernelFn prepare_lstm_forward(const KernelSpec& spec) {
   LstmGeometry g = lstm_geometry(spec.input(0).shape, spec.input(2).shape);
   const int64_t pre_bytes = static_cast<int64_t>(sizeof(float)) * g.batch * g.steps * g.gates();
   spec.workspace_bytes = pre_bytes;
@@ -146,7 +146,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
   };
 }
 
-KernelFn prepare_backward(const KernelSpec& spec) {
+KernelFn prepare_lstm_backward(const KernelSpec& spec) {
   // inputs: dh (B,T,H), x (B,T,I), wx (I,4H), wh (H,4H), h (B,T,H), cache (T,B,5H)
   // outputs: dx (B,T,I), dwx (I,4H), dwh (H,4H), dbias (4H)
   LstmGeometry g = lstm_geometry(spec.input(1).shape, spec.input(3).shape);
@@ -204,10 +204,10 @@ KernelFn prepare_backward(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool lstm_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
-  registry.add_kernel("lstm", cuda_kernel("cuda", prepare_forward));
-  registry.add_kernel("lstm_grad", cuda_kernel("cuda", prepare_backward));
+  registry.add_kernel("lstm", cuda_kernel("cuda", prepare_lstm_forward));
+  registry.add_kernel("lstm_grad", cuda_kernel("cuda", prepare_lstm_backward));
   return true;
 }();
 

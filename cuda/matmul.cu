@@ -49,7 +49,7 @@ KernelFn prepare(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool matmul_kernels_registered = [] {
   OpRegistry::global().add_kernel("matmul", cuda_kernel("cublas", prepare));
   return true;
 }();

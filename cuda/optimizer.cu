@@ -4,7 +4,6 @@
 // values of the day. An Adam step below 1, which the CPU kernel throws for, turns the weights to
 // NaN instead (a queued kernel cannot throw).
 #include <cstdint>
-#include <limits>
 
 #include "cuda/check.h"
 #include "cuda/context.h"
@@ -13,8 +12,6 @@
 namespace quiver::cuda {
 
 namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The learning rate and Adam's step are device scalars: read inside the kernel, never on the host.
 __global__ void sgd_kernel(float* w, float* v, const float* g, const float* lr, int64_t count,
@@ -77,7 +74,7 @@ KernelFn prepare_adam(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool optimizer_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
   registry.add_kernel("sgd_update", cuda_kernel("cuda", prepare_sgd));
   registry.add_kernel("adam_update", cuda_kernel("cuda", prepare_adam));

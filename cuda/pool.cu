@@ -60,7 +60,7 @@ __global__ void max_pool_grad_kernel(float* dx, const float* dy, const int32_t* 
   }
 }
 
-KernelFn prepare_forward(const KernelSpec& spec) {
+KernelFn prepare_max_pool(const KernelSpec& spec) {
   PoolGeometry g = pool_geometry(spec.input(0).shape, spec.node.attrs);
   return [g](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
@@ -72,7 +72,7 @@ KernelFn prepare_forward(const KernelSpec& spec) {
   };
 }
 
-KernelFn prepare_grad(const KernelSpec& spec) {
+KernelFn prepare_max_pool_grad(const KernelSpec& spec) {
   // inputs: dy (B, C, OH, OW), argmax (B, C, OH, OW); output dx (B, C, H, W)
   const Shape& x = spec.output(0).shape;
   PoolGeometry g = pool_geometry(x, spec.node.attrs);
@@ -90,10 +90,10 @@ KernelFn prepare_grad(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool pool_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
-  registry.add_kernel("max_pool2d", cuda_kernel("cuda", prepare_forward));
-  registry.add_kernel("max_pool2d_grad", cuda_kernel("cuda", prepare_grad));
+  registry.add_kernel("max_pool2d", cuda_kernel("cuda", prepare_max_pool));
+  registry.add_kernel("max_pool2d_grad", cuda_kernel("cuda", prepare_max_pool_grad));
   return true;
 }();
 

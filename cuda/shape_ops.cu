@@ -21,18 +21,11 @@ void copy_kernel(const KernelCall& call) {
                                     cudaMemcpyDeviceToDevice, stream.stream()));
 }
 
-__global__ void fill_kernel(float* dst, float value, int64_t count) {
-  for (int64_t i = first_index(); i < count; i += grid_stride()) dst[i] = value;
-}
-
 KernelFn prepare_fill(const KernelSpec& spec) {
   float value = static_cast<float>(spec.node.attrs.get_float("value"));
   return [value](const KernelCall& call) {
     const StreamContext& stream = stream_of(call);
-    int64_t count = call.outputs[0].numel();
-    fill_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream.stream()>>>(call.outputs[0].f32(),
-                                                                             value, count);
-    QUIVER_CUDA_CHECK_LAUNCH();
+    launch_fill(call.outputs[0].f32(), value, call.outputs[0].numel(), stream.stream());
   };
 }
 
@@ -79,7 +72,7 @@ KernelFn prepare_select_step_grad(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool shape_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
   registry.add_kernel("reshape", cuda_kernel("cuda", KernelFn(copy_kernel)));
   registry.add_kernel("copy", cuda_kernel("cuda", KernelFn(copy_kernel)));

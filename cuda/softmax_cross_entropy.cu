@@ -16,8 +16,6 @@ namespace quiver::cuda {
 
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // One block per row: the row's max, its shifted exps and their sum (double), the probabilities,
 // and the row's loss, which the mean kernel then averages.
 __global__ void softmax_cross_entropy_rows_kernel(float* probs, double* row_loss,
@@ -106,7 +104,7 @@ KernelFn prepare_softmax_cross_entropy_grad(const KernelSpec& spec) {
   };
 }
 
-const bool registered = [] {
+const bool softmax_cross_entropy_kernels_registered = [] {
   OpRegistry& registry = OpRegistry::global();
   registry.add_kernel("softmax_cross_entropy", cuda_kernel("cuda", prepare_softmax_cross_entropy));
   registry.add_kernel("softmax_cross_entropy_grad", cuda_kernel("cuda", prepare_softmax_cross_entropy_grad));
