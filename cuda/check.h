@@ -2,11 +2,12 @@
 // throws quiver::Error with the call, the error's name and its description, never aborts.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <string>
+
+#include "cuda/cublas.h"
 
 namespace quiver::cuda {
 
@@ -27,8 +28,9 @@ namespace quiver::cuda {
   do {                                                                                       \
     cublasStatus_t quiver_status_ = (call);                                                  \
     if (quiver_status_ != CUBLAS_STATUS_SUCCESS)                                             \
-      ::quiver::cuda::fail(#call, __FILE__, __LINE__, cublasGetStatusName(quiver_status_),   \
-                           cublasGetStatusString(quiver_status_));                           \
+      ::quiver::cuda::fail(#call, __FILE__, __LINE__,                                        \
+                           ::quiver::cuda::cublas_api().status_name(quiver_status_),         \
+                           ::quiver::cuda::cublas_api().status_string(quiver_status_));      \
   } while (0)
 
 #define QUIVER_CUDNN_CHECK(call)                                                             \

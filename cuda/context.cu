@@ -46,12 +46,12 @@ struct ProbeStream {
   cudnnHandle_t cudnn = nullptr;
   bool make() {
     return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
-           cublasCreate(&cublas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(cublas, stream) == CUBLAS_STATUS_SUCCESS &&
+           cublas_api().create(&cublas) == CUBLAS_STATUS_SUCCESS && cublas_api().set_stream(cublas, stream) == CUBLAS_STATUS_SUCCESS &&
            cudnnCreate(&cudnn) == CUDNN_STATUS_SUCCESS && cudnnSetStream(cudnn, stream) == CUDNN_STATUS_SUCCESS;
   }
   ~ProbeStream() {
     if (cudnn) cudnnDestroy(cudnn);
-    if (cublas) cublasDestroy(cublas);
+    if (cublas) cublas_api().destroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -105,8 +105,8 @@ StreamContext::StreamContext(int device, std::function<void()> release_cached)
   use_device(device);
   QUIVER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   try {
-    QUIVER_CUBLAS_CHECK(with_cache_given_back(release_cached_, [&] { return cublasCreate(&cublas_); }));
-    QUIVER_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    QUIVER_CUBLAS_CHECK(with_cache_given_back(release_cached_, [&] { return cublas_api().create(&cublas_); }));
+    QUIVER_CUBLAS_CHECK(cublas_api().set_stream(cublas_, stream_));
     QUIVER_CUDNN_CHECK(with_cache_given_back(release_cached_, [&] { return cudnnCreate(&cudnn_); }));
     QUIVER_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
     resident_bytes_ = handle_bytes(device);
@@ -118,7 +118,7 @@ StreamContext::StreamContext(int device, std::function<void()> release_cached)
       if (staging.copied) cudaEventDestroy(staging.copied);
     if (order_event_) cudaEventDestroy(order_event_);
     if (cudnn_) cudnnDestroy(cudnn_);
-    if (cublas_) cublasDestroy(cublas_);
+    if (cublas_) cublas_api().destroy(cublas_);
     cudaStreamDestroy(stream_);
     throw;
   }
@@ -136,7 +136,7 @@ StreamContext::~StreamContext() {
   }
   if (order_event_) cudaEventDestroy(order_event_);
   if (cudnn_) cudnnDestroy(cudnn_);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) cublas_api().destroy(cublas_);
   cudaStreamDestroy(stream_);
 }
 

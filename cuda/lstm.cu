@@ -34,9 +34,9 @@ void cublas_gemm(const StreamContext& stream, float* c, const float* a, const fl
   }
   // Column-major: C^T (N, M) = op(B)^T (N, K) * op(A)^T (K, M). A stored row-major is already
   // its transpose to cuBLAS, so each operand keeps its own transpose flag.
-  QUIVER_CUBLAS_CHECK(cublasSgemm_64(stream.cublas(), s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, s.n, s.m, s.k, &s.alpha,
-                                     b, ldb, a, lda, &s.beta, c, ldc));
+  QUIVER_CUBLAS_CHECK(cublas_api().sgemm_64(stream.cublas(), s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, s.n, s.m, s.k, &s.alpha,
+                                            b, ldb, a, lda, &s.beta, c, ldc));
 }
 
 struct LstmGeometry {

@@ -43,9 +43,9 @@ KernelFn prepare(const KernelSpec& spec) {
     }
     const float alpha = 1.0f, beta = 0.0f;
     // 64-bit sizes: no int overflow on large operands.
-    QUIVER_CUBLAS_CHECK(cublasSgemm_64(stream.cublas(), s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                       s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, s.n, s.m, s.k, &alpha,
-                                       b, s.ldb, a, s.lda, &beta, c, s.ldc));
+    QUIVER_CUBLAS_CHECK(cublas_api().sgemm_64(stream.cublas(), s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                              s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, s.n, s.m, s.k, &alpha,
+                                              b, s.ldb, a, s.lda, &beta, c, s.ldc));
   };
 }
 

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -21,6 +23,10 @@
 #include "runtime/sma.h"
 #include "runtime/trainer.h"
 #include "tests/error_of.h"
+
+#ifdef QUIVER_HAS_CUDA
+#include "cuda/cublas.h"
+#endif
 
 namespace quiver {
 namespace {
@@ -89,6 +95,43 @@ TEST(CudaBackend, IsRegisteredAndMissingDevicesAreClearErrors) {
   EXPECT_THROW(Device::parse("tpu"), Error);
   EXPECT_EQ(Device::parse("cuda:1"), Device::cuda(1));
 }
+
+#ifdef QUIVER_HAS_CUDA
+bool maps_a_file_named(const std::string& part) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// cuBLAS is opened on first use, not linked (cuda/cublas.h). Runs without a device: opening the
+// library and asking it for a status's name need none.
+TEST(Cublas, OpensOnFirstUseWithEveryFunction) {
+  const cuda::CublasApi& api = cuda::cublas_api();
+  EXPECT_NE(api.create, nullptr);
+  EXPECT_NE(api.destroy, nullptr);
+  EXPECT_NE(api.set_stream, nullptr);
+  EXPECT_NE(api.sgemm_64, nullptr);
+  ASSERT_NE(api.status_name, nullptr);
+  ASSERT_NE(api.status_string, nullptr);
+  EXPECT_STREQ(api.status_name(CUBLAS_STATUS_ALLOC_FAILED), "CUBLAS_STATUS_ALLOC_FAILED");
+  EXPECT_STRNE(api.status_string(CUBLAS_STATUS_ALLOC_FAILED), "");
+  EXPECT_TRUE(maps_a_file_named("libcublas.so")) << "the table's functions must come from cuBLAS";
+  EXPECT_EQ(&cuda::cublas_api(), &api) << "one table a process";
+  ASSERT_FALSE(cuda::cublas_candidates().empty());
+  EXPECT_EQ(cuda::cublas_candidates().front(), cat("libcublas.so.", CUBLAS_VER_MAJOR));
+}
+
+TEST(Cublas, AMissingOrForeignLibraryIsAClearError) {
+  const std::string missing = test::error_of([] { cuda::load_cublas({"/nonexistent/libcublas.so.13"}); });
+  EXPECT_NE(missing.find("cannot open cuBLAS"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("/nonexistent/libcublas.so.13: "), std::string::npos) << missing;
+  // The first file that opens is the one used: zlib opens, and lacks cuBLAS's functions.
+  const std::string foreign = test::error_of([] { cuda::load_cublas({"/nonexistent/libcublas.so.13", "libz.so.1"}); });
+  EXPECT_NE(foreign.find("'libz.so.1' is not a usable cuBLAS: it lacks cublasCreate_v2"), std::string::npos) << foreign;
+  EXPECT_NE(test::error_of([] { cuda::load_cublas({}); }).find("no file to try"), std::string::npos);
+}
+#endif
 
 TEST(CudaBackend, CopiesAndFillsRoundTrip) {
   REQUIRE_CUDA_DEVICES(1);
