@@ -46,7 +46,8 @@ struct ProbeStream {
   cudnnHandle_t cudnn = nullptr;
   bool make() {
     return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
-           cublas_api().create(&cublas) == CUBLAS_STATUS_SUCCESS && cublas_api().set_stream(cublas, stream) == CUBLAS_STATUS_SUCCESS &&
+           cublas_api().create(&cublas) == CUBLAS_STATUS_SUCCESS &&
+           cublas_api().set_stream(cublas, stream) == CUBLAS_STATUS_SUCCESS &&
            cudnnCreate(&cudnn) == CUDNN_STATUS_SUCCESS && cudnnSetStream(cudnn, stream) == CUDNN_STATUS_SUCCESS;
   }
   ~ProbeStream() {
