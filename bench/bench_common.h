@@ -67,14 +67,19 @@ inline std::vector<std::string> split(const std::string& flag, const std::string
 constexpr int kMaxBatch = 60000, kMaxCount = 1000000;
 
 // A whole number in [low, high] given to `flag` (nothing after the digits), or quiver::Error naming it.
-inline int to_int(const std::string& flag, const std::string& text, int high = kMaxCount, int low = 1) {
+inline int64_t to_whole(const std::string& flag, const std::string& text, int64_t high, int64_t low) {
   try {
     size_t used = 0;
     const long long value = std::stoll(text, &used);
-    if (used == text.size() && value >= low && value <= high) return static_cast<int>(value);
+    if (used == text.size() && value >= low && value <= high) return value;
   } catch (const std::exception&) {
   }
   throw Error(cat(flag, ": expected a whole number from ", low, " to ", high, ", got '", text, "'"));
+}
+
+// to_whole() for the counts, which are int.
+inline int to_int(const std::string& flag, const std::string& text, int high = kMaxCount, int low = 1) {
+  return static_cast<int>(to_whole(flag, text, high, low));
 }
 
 // The whole numbers of a comma list given to `flag`, each in [low, high]. A number given twice is

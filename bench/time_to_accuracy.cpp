@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
         // One learner with the default alpha is single-stream training again (LearnerGroup::alone()).
         if (fixed_learners == 1) throw Error("--fixed: 1 learner trains as single-stream does; give 2 or more (0: none)");
       } else if (flag == "--seed") {
-        seed = static_cast<uint64_t>(bench::to_int(flag, value, std::numeric_limits<int>::max(), 0));
+        // The range of quiver-train's --seed, so that any run of it can be repeated here.
+        seed = static_cast<uint64_t>(bench::to_whole(flag, value, std::numeric_limits<int64_t>::max(), 0));
       } else if (flag == "--staleness") {
         staleness = bench::to_int(flag, value, kMaxStaleness, 0);
       } else if (flag == "--sync-period") {

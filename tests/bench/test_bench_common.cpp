@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,6 +68,28 @@ TEST(BenchCommon, ListsAreReadItemByItemAndOnce) {
   EXPECT_EQ(error_of(ints, "2,02"), "--learners: '02' is given twice in '2,02' (as 2)");
   EXPECT_EQ(error_of(ints, "1,+1"), "--learners: '+1' is given twice in '1,+1' (as 1)");
   EXPECT_EQ(error_of(ints, "1,257"), "--learners: expected a whole number from 1 to 256, got '257'");
+}
+
+// A seed takes what quiver-train's --seed takes (0 to 2^63 - 1), not only an int's range; the
+// counts stay ints.
+TEST(BenchCommon, WholeNumbersTakeSixtyFourBitsWhereAsked) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(bench::to_whole("--seed", "4294967296", kMax, 0), int64_t{4294967296});
+  EXPECT_EQ(bench::to_whole("--seed", "9223372036854775807", kMax, 0), kMax);
+  auto error_of = [](auto read) {
+    try {
+      read();
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error_of([&] { bench::to_whole("--seed", "9223372036854775808", kMax, 0); }),
+            "--seed: expected a whole number from 0 to 9223372036854775807, got '9223372036854775808'");
+  EXPECT_EQ(error_of([&] { bench::to_whole("--seed", "-1", kMax, 0); }),
+            "--seed: expected a whole number from 0 to 9223372036854775807, got '-1'");
+  EXPECT_EQ(error_of([] { bench::to_int("--runs", "2147483648", std::numeric_limits<int>::max()); }),
+            "--runs: expected a whole number from 1 to 2147483647, got '2147483648'");
 }
 
 // Every run times every configuration once; the first in the given order, the later ones so that
