@@ -66,7 +66,8 @@ inline std::vector<std::string> split(const std::string& flag, const std::string
 // The benches' limits: a batch beyond Fashion-MNIST's training set, or counts past these, is a typo.
 constexpr int kMaxBatch = 60000, kMaxCount = 1000000;
 
-// A whole number in [low, high] given to `flag` (nothing after the digits), or quiver::Error naming it.
+// A whole number in [low, high] given to `flag`, or quiver::Error naming it. Read as std::stoll
+// reads it (leading blanks and a sign allowed, so '+1' is 1), with nothing after the digits.
 inline int64_t to_whole(const std::string& flag, const std::string& text, int64_t high, int64_t low) {
   try {
     size_t used = 0;

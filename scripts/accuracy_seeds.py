@@ -39,8 +39,8 @@ def seed_range(text):
     last = int(match.group(2)) if match.group(2) else first
     if last < first:
         raise argparse.ArgumentTypeError(f"empty seed range '{text}'")
-    if last >= 2 ** 64:  # quiver-train's --seed is a 64-bit unsigned number
-        raise argparse.ArgumentTypeError(f"seeds go up to {2 ** 64 - 1}, got '{text}'")
+    if last >= 2 ** 63:  # quiver-train's --seed takes 0 to 2^63 - 1
+        raise argparse.ArgumentTypeError(f"seeds go up to {2 ** 63 - 1}, got '{text}'")
     if last - first + 1 > MOST_SEEDS:  # each seed is an epoch's training per model and engine
         raise argparse.ArgumentTypeError(f"at most {MOST_SEEDS} seeds, got {last - first + 1} in '{text}'")
     return list(range(first, last + 1))
