@@ -153,7 +153,7 @@ std::string train_usage() {
          "  --inter I --intra J    with --policy fixed (both needed): I ops side by side, J\n"
          "                         threads each\n"
          "  --profile-cache FILE   auto: op profiles cached here (default $QUIVER_PROFILE_CACHE,\n"
-         "                         else quiver/profiles-<cpu model>-<build type>.json in\n"
+         "                         else quiver/profiles-<cpu>-<N>cores-<build type>.json in\n"
          "                         $XDG_CACHE_HOME or ~/.cache);\n"
          "                         'none' for no cache\n"
          "  --explain              after training, print each op's grant, predicted and\n"

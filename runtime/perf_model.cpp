@@ -26,13 +26,16 @@
 #include "core/log.h"
 #include "runtime/atomic_file.h"
 #include "runtime/json_text.h"
+#include "runtime/thread_budget.h"
 
 namespace quiver {
 
 namespace {
 
 constexpr const char* kCacheFormat = "quiver-profile-cache";
-constexpr int kCacheVersion = 1;
+// 2: the header names the cores the profiling process could run on ("cores"), which version 1
+// did not.
+constexpr int kCacheVersion = 2;
 #ifndef QUIVER_BUILD_FLAVOR
 #define QUIVER_BUILD_FLAVOR "unknown"
 #endif
@@ -375,6 +378,17 @@ bool PerfModel::read(const std::string& path, bool quiet) {
                "'; ops will be profiled again"));
       return false;
     }
+    // The same CPU model with other cores to run on (a VM of another size, a taskset, a cgroup's
+    // cpuset) times an op at the same thread count on other cores: two vCPUs that are one core's
+    // hyperthreads, against two cores of a larger host.
+    const nlohmann::json& cores_entry = cache.at("cores");
+    if (!cores_entry.is_number_integer()) throw std::runtime_error("its count of cores is not a whole number");
+    const int64_t cores = cores_entry.get<int64_t>();
+    if (cores != available_cores()) {
+      warn(cat("ignoring profile cache '", path, "': it was measured with ", cores, " cores to run on, this process has ",
+               available_cores(), "; ops will be profiled again"));
+      return false;
+    }
     for (const auto& [key, op] : cache.at("ops").items()) {
       const nlohmann::json& threads = op.at("threads");
       const nlohmann::json& seconds = op.at("median_s");
@@ -505,7 +519,7 @@ void PerfModel::save(const std::string& path, double lock_wait_s) {
     ops[key] = {{"threads", threads}, {"median_s", seconds}};
   }
   nlohmann::json cache = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"quiver", kQuiverVersion},
-                          {"cpu", cpu_model()}, {"ops", ops}};
+                          {"cpu", cpu_model()}, {"cores", available_cores()}, {"ops", ops}};
   write_file_atomically(path, cache.dump(1) + "\n", "profile cache");
   // In the file now: from here on another process's refresh of them stands over these timings.
   for (auto& [key, entry] : entries_) entry.measured.clear();
@@ -524,8 +538,9 @@ std::string default_profile_cache() {
     return "";
   // One file per CPU model and build type: a debug or sanitizer build's profiles are stale to a
   // release build, and a shared file would be replaced each time the other ran.
-  return directory + "/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + "-" + cpu_file_tag(PerfModel::build_flavor()) +
-         ".json";
+  // One per count of cores too, so hosts of one CPU model and different sizes keep theirs.
+  return cat(directory, "/profiles-", cpu_file_tag(PerfModel::cpu_model()), "-", available_cores(), "cores-",
+             cpu_file_tag(PerfModel::build_flavor()), ".json");
 }
 
 std::string cpu_file_tag(const std::string& cpu) {

@@ -73,7 +73,8 @@ class PerfModel {
   // stale here.
   static std::string build_flavor();
   // Loads `path`. Returns false, changing nothing, when the file does not exist (silently) or is
-  // corrupt, from another CPU, or from another format or Quiver version (with a warning).
+  // corrupt, from another CPU or another count of cores to run on (available_cores()), or from
+  // another format or Quiver version (with a warning).
   bool load(const std::string& path);
   // Writes every key's medians to `path` atomically (creating its directory), merged with what
   // the file holds by then (another process may have saved since this one loaded it): the file's
@@ -101,10 +102,10 @@ class PerfModel {
 };
 
 // Where quiver-train keeps profiles: $QUIVER_PROFILE_CACHE, else $XDG_CACHE_HOME/quiver or
-// ~/.cache/quiver, file profiles-<cpu>-<build type>.json (cpu_file_tag of this CPU's model and of
-// PerfModel::build_flavor(), "unknown" without a CMAKE_BUILD_TYPE: hosts of different CPUs sharing
-// one home directory, and debug and release builds, keep a file each instead of overwriting one);
-// "" when none of these is set.
+// ~/.cache/quiver, file profiles-<cpu>-<N>cores-<build type>.json (cpu_file_tag of this CPU's
+// model, available_cores(), and cpu_file_tag of PerfModel::build_flavor(), "unknown" without a
+// CMAKE_BUILD_TYPE: hosts of different CPUs or sizes sharing one home directory, and debug and
+// release builds, keep a file each instead of overwriting one); "" when none of these is set.
 std::string default_profile_cache();
 // A CPU model name as a file-name part: lower-case letters and digits, other runs as one '-', at
 // most 64 characters ("AMD EPYC 9R14 96-Core Processor" -> "amd-epyc-9r14-96-core-processor").

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/perf_model.h"
+#include "runtime/thread_budget.h"
 #include "tests/captured_warnings.h"
 
 namespace quiver {
@@ -236,6 +237,7 @@ TEST(PerfModel, DefaultCacheFileNamesTheCpuModel) {
   unsetenv("QUIVER_PROFILE_CACHE");
   setenv("XDG_CACHE_HOME", "/tmp/xdg-test", 1);
   EXPECT_EQ(default_profile_cache(), "/tmp/xdg-test/quiver/profiles-" + cpu_file_tag(PerfModel::cpu_model()) + "-" +
+                                         std::to_string(available_cores()) + "cores-" +
                                          cpu_file_tag(PerfModel::build_flavor()) + ".json");
   setenv("QUIVER_PROFILE_CACHE", "/tmp/chosen.json", 1);
   EXPECT_EQ(default_profile_cache(), "/tmp/chosen.json");
@@ -304,6 +306,23 @@ TEST(PerfModel, CacheRoundTripAndBadFilesAreIgnoredWithAWarning) {
   expect_ignored(bad.dump(), "another machine");
   bad = original;
   bad["version"] = 0;
+  expect_ignored(bad.dump(), "stale");
+  // The same CPU with other cores to run on: timings at a thread count are of other cores.
+  ASSERT_EQ(original.at("cores"), available_cores());
+  bad = original;
+  bad["cores"] = available_cores() + 14;
+  expect_ignored(bad.dump(), cat("measured with ", available_cores() + 14, " cores to run on, this process has ",
+                                 available_cores()));
+  for (const nlohmann::json& cores : {nlohmann::json(2.5), nlohmann::json("2")}) {
+    bad = original;
+    bad["cores"] = cores;
+    expect_ignored(bad.dump(), "corrupt");
+  }
+  bad.erase("cores");
+  expect_ignored(bad.dump(), "corrupt");
+  bad = original;
+  bad["version"] = 1;  // a cache from before the count of cores was recorded
+  bad.erase("cores");
   expect_ignored(bad.dump(), "stale");
   {  // every learner's executor loads the same cache: the warning is given once, not per executor
     CapturedWarnings warnings;
