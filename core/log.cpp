@@ -16,22 +16,34 @@ std::set<std::string>& given_once() {  // warn_once()'s messages since the sink 
   static std::set<std::string> given;
   return given;
 }
-void emit(const std::string& message) {  // under sink_mutex
-  if (sink())
-    sink()(message);
-  else
-    std::fprintf(stderr, "quiver: warning: %s\n", message.c_str());
+// Under sink_mutex. A warning never changes what its caller does: a sink that throws (or runs out
+// of memory keeping the message) is reported on stderr with the message, and its exception goes
+// no further; destructors and threads' last steps warn too, where an exception would end the
+// process.
+void emit(const std::string& message) noexcept {
+  if (sink()) try {
+      sink()(message);
+      return;
+    } catch (...) {
+      std::fprintf(stderr, "quiver: the warning sink failed on this warning:\n");
+    }
+  std::fprintf(stderr, "quiver: warning: %s\n", message.c_str());
 }
 }  // namespace
 
-void warn(const std::string& message) {
+void warn(const std::string& message) noexcept {
   std::lock_guard<std::mutex> lock(sink_mutex);
   emit(message);
 }
 
-void warn_once(const std::string& message) {
+void warn_once(const std::string& message) noexcept {
   std::lock_guard<std::mutex> lock(sink_mutex);
-  if (given_once().insert(message).second) emit(message);
+  bool first = true;
+  try {
+    first = given_once().insert(message).second;
+  } catch (...) {  // not remembered: given again next time rather than lost
+  }
+  if (first) emit(message);
 }
 
 WarningSink set_warning_sink(WarningSink replacement) {

@@ -9,10 +9,12 @@ namespace quiver {
 
 using WarningSink = std::function<void(const std::string&)>;
 
-void warn(const std::string& message);
+// Never throws: a sink that throws is reported on stderr with the message (so destructors and
+// threads may warn).
+void warn(const std::string& message) noexcept;
 // warn(), unless this very message was already given since the sink was last set: for warnings
 // that every learner's executor would repeat (an ignored profile cache).
-void warn_once(const std::string& message);
+void warn_once(const std::string& message) noexcept;
 // Installs `sink` (an empty function restores stderr) and returns the previous one.
 WarningSink set_warning_sink(WarningSink sink);
 

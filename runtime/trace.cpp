@@ -113,7 +113,7 @@ std::string Trace::write_after_training(const std::string& path) const {
   try {
     write(path);
     return {};
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {  // also the text of a long run's trace outgrowing memory
     warn(cat("the training is done, but its trace was not written: ", error.what()));
     return error.what();
   }
