@@ -451,7 +451,14 @@ void Executor::refresh_model() {
         replacements.push_back({&key, threads, &times});
     }
   if (replacements.empty()) return;
-  for (const Replacement& r : replacements) model_.replace_samples(*r.key, r.threads, std::move(*r.times));
+  for (const Replacement& r : replacements) {
+    model_.replace_samples(*r.key, r.threads, std::move(*r.times));
+    // In the model now: the next refresh weighs it against timings taken after it, not these
+    // again (a fit that cannot pass through them would be "refreshed" with them every time).
+    for (size_t p = 0; p < keys_.size(); ++p)
+      if (keys_[p] == *r.key && r.threads < static_cast<int>(measured_alone_[p].size()))
+        measured_alone_[p][r.threads].clear();
+  }
   const int replaced = static_cast<int>(replacements.size());
   refit();
   candidate_grants_[0] = model_grants();  // the model's schedule from the next trial on

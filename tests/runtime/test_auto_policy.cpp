@@ -92,6 +92,28 @@ TEST(PerfModel, AnExecutorTriesAFailedSaveOnce) {
   std::filesystem::remove(path);
 }
 
+// A refresh moves an op's solo timings into the model; the next one weighs only timings taken
+// since. Every step here refreshes (tolerance 0), and a step times each op at most once, so 50
+// steps hold at most 50 x ops / 5 fresh (op, thread count) pairs of 5 timings, plus what each pair
+// had left over (fewer than 5, at up to 2 thread counts an op): re-using the same
+// timings each step would replace every pair each step.
+TEST(PerfModel, AutoRefreshesFromTimingsTakenSinceTheLastRefresh) {
+  std::unique_ptr<Trainer> trainer = small_mlp();
+  ExecutorOptions options = settling_auto();
+  options.refresh_steps = 1;
+  options.refresh_tolerance = 0.0;
+  Executor executor(trainer->train_plan(), options);
+  while (!executor.tuned()) executor.run();
+  for (int step = 0; step < 10; ++step) executor.run();
+  const int before = executor.refreshed_pairs();
+  ASSERT_GT(executor.model_refreshes(), 0);
+  constexpr int kSteps = 50;
+  for (int step = 0; step < kSteps; ++step) executor.run();
+  const int ops = static_cast<int>(trainer->train_plan().steps().size());
+  EXPECT_GT(executor.refreshed_pairs(), before);
+  EXPECT_LE(executor.refreshed_pairs() - before, kSteps * ops / 5 + 2 * ops);  // and what was left over
+}
+
 // auto's last trial's median step per candidate schedule (the learner tuner's one-thread bound
 // reads "serial"): none before a trial, for a name that is no candidate, or under another
 // policy; once a trial has chosen, each candidate's, as explain() prints it.
