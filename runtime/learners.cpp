@@ -511,13 +511,21 @@ double LearnerGroup::round_within_staleness(const std::vector<const float*>& ima
                  learner.trainer->train_plan().context());
     trace_group_work("sma absorb", "sync", absorb_start, this_round, static_cast<int>(j));
   };
-  for (size_t j = 1; j < learners_.size(); ++j)
-    learners_[j]->stream->submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
   std::exception_ptr first_error;
   try {
-    task(0, images[0], labels[0]);
+    for (size_t j = 1; j < learners_.size(); ++j)
+      learners_[j]->stream->submit([task, j, x = images[j], y = labels[j]] { task(j, x, y); });
   } catch (...) {
+    // (Out of memory.) Learner 0 does not step; the learners already handed this round's batches
+    // finish with them below before the error leaves, as after a failed step.
     first_error = std::current_exception();
+  }
+  if (!first_error) {
+    try {
+      task(0, images[0], labels[0]);
+    } catch (...) {
+      first_error = std::current_exception();
+    }
   }
   for (size_t j = 1; j < learners_.size(); ++j) {
     try {
