@@ -9,6 +9,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -104,6 +105,11 @@ struct Executor::State {
   int profile_threads = 0;  // threads of this profiling run; 0 for a warm-up run
   Clock::time_point start;
   std::exception_ptr first_error;
+  // dispatch()'s launches and choose_auto()'s running ops by finish time. With `ready` and
+  // `running`, reserved for every op when the executor is made: the bookkeeping a lane does
+  // after a kernel allocates nothing, so nothing can throw on a lane's thread (an exception
+  // there would end the process) or leave run() while other lanes still run.
+  std::vector<Running> chosen, by_finish;
   bool done() const { return finished == static_cast<int>(waiting.size()) || (first_error && running.empty()); }
 };
 
@@ -225,6 +231,9 @@ Executor::Executor(Plan& plan, ExecutorOptions options)
     }
   }
 
+  for (std::vector<Running>* ops : {&state_->running, &state_->chosen, &state_->by_finish})
+    ops->reserve(static_cast<size_t>(count));
+  state_->ready.reserve(static_cast<size_t>(count));
   for (int l = 0; l < lane_count; ++l) state_->lanes.push_back(std::make_unique<State::Lane>());
   for (int l = 1; l < lane_count; ++l) {
     try {
@@ -490,7 +499,8 @@ void Executor::choose_auto(std::vector<int>& ready, int& free_threads, double no
       continue;
     }
     // Too few threads free: when will `want` be, and does starting now on fewer finish sooner?
-    std::vector<Running> by_finish = running;
+    std::vector<Running>& by_finish = state_->by_finish;
+    by_finish.assign(running.begin(), running.end());
     std::sort(by_finish.begin(), by_finish.end(),
               [](const Running& a, const Running& b) { return a.predicted_finish < b.predicted_finish; });
     double available_at = now;
@@ -576,8 +586,11 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
         if (times.size() == kMeasurementsKept) times.erase(times.begin());
         times.push_back(seconds);
       };
-      keep(measured_[position][threads]);
-      if (lane.alone && lane.launch_number == state.launches) keep(measured_alone_[position][threads]);
+      try {  // each vector grows to its last 32 timings once; out of memory then, a timing is left out
+        keep(measured_[position][threads]);
+        if (lane.alone && lane.launch_number == state.launches) keep(measured_alone_[position][threads]);
+      } catch (const std::bad_alloc&) {
+      }
     }
     for (int s : successors_[position])
       if (--state.waiting[s] == 0) state.ready.push_back(s);
@@ -588,7 +601,8 @@ void Executor::run_assigned(int lane_index, std::unique_lock<std::mutex>& lock) 
 
 void Executor::dispatch(int preferred_lane) {
   State& state = *state_;
-  std::vector<Running> launches;
+  std::vector<Running>& launches = state.chosen;
+  launches.clear();
   if (!state.first_error && !state.ready.empty()) choose(launches);
   for (size_t i = 0; i < launches.size(); ++i) {
     const Running& launch = launches[i];
