@@ -36,12 +36,14 @@ void LearnerGroup::load(const std::string& path) {
   Tensor scratch = Tensor::zeros(z.shape(), DType::F32);
   CheckpointInfo info = load_checkpoint(path, average_->params(), scratch, model_.name);
   // The learners finish what they were given. An error of theirs not yet reported (under a
-  // staleness bound: the NaN loss a load is the recovery from) is dropped with a warning: every
-  // replica restarts from the file's z.
+  // staleness bound: the NaN loss a load is the recovery from) is dropped with a warning once
+  // every replica has restarted from the file's z; if they cannot be rebuilt, it stands, and the
+  // error says so.
+  std::string learner_error;
   try {
     settle();
   } catch (const std::exception& error) {
-    warn(cat("load '", path, "': dropped a learner's error from before the load: ", error.what()));
+    learner_error = error.what();
   }
   drain();
   refresh_average();
@@ -52,11 +54,14 @@ void LearnerGroup::load(const std::string& path) {
   rounds_done_ = info.rounds;  // before build(): a traced replica numbers its steps from it
   try {
     build(learners(), threads_per_learner_);
-  } catch (...) {
+  } catch (const std::exception& error) {
     z.copy_from(previous);
     rounds_done_ = previous_rounds;
-    throw;
+    if (learner_error.empty()) throw;
+    throw Error(cat(error.what(), " (and a learner's error from before the load still stands: ", learner_error, ")"));
   }
+  if (!learner_error.empty())
+    warn(cat("load '", path, "': dropped a learner's error from before the load: ", learner_error));
   average_stale_ = false;  // z is the checkpoint's now, not the replica's
   if (ssgd_velocity_.defined()) ssgd_velocity_.fill(0.0f);  // momentum restarts, as the replicas' does
   // A cut epoch goes on in its own order, which its seed decides; under another seed it starts again.
