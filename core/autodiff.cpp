@@ -97,9 +97,14 @@ void build_backward(GraphBuilder& builder, Value loss) {
     GradContext context(builder, node, output_grads, needs_grad);
     def.backward(context);
     for (size_t i = 0; i < node.inputs.size(); ++i) {
-      Value grad = context.input_grads()[i];
-      if (grad.valid() && requires_grad[node.inputs[i]])
-        contributions[node.inputs[i]].push_back(grad);
+      if (!requires_grad[node.inputs[i]]) continue;
+      const Value grad = context.input_grads()[i];
+      // A rule that leaves out an input a parameter reaches the loss through would train that
+      // parameter on part of its gradient (or none), without a word.
+      if (!grad.valid())
+        throw Error(cat(node.op, " '", node.name, "': its gradient rule gave no gradient for input ", i, " ('",
+                        graph.value(node.inputs[i]).name, "'), which a parameter reaches the loss through"));
+      contributions[node.inputs[i]].push_back(grad);
     }
   }
 

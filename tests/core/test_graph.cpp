@@ -149,6 +149,36 @@ TEST(Autodiff, ASecondOptimizerIsRefused) {
   EXPECT_THROW(add_adam_update(b, lr, b.input("step", Shape{1}), AdamOptions{}), Error);
 }
 
+// An op's gradient rule must give a gradient for every input a parameter reaches the loss
+// through: one it leaves out would train that parameter on part of its gradient, silently.
+const bool registered_forgetful_op = [] {
+  OpDef def;
+  def.kind = "test_scale_forgets_its_second_gradient";  // y = x * s (elementwise); backward sets dx only
+  def.infer = [](const InferContext& ctx) { return std::vector<TensorType>{ctx.inputs[0]}; };
+  def.backward = [](GradContext& ctx) {
+    ctx.set_input_grad(0, ctx.builder().mul(ctx.output_grad(0), ctx.input(1)));
+  };
+  return register_op(std::move(def));
+}();
+
+TEST(Autodiff, AGradientRuleThatLeavesOutANeededInputIsAnError) {
+  GraphBuilder b;
+  Value x = b.input("x", Shape{3});
+  Value s = b.parameter("s", Shape{3}, ParamInit::uniform(0.5));
+  Value y = b.apply1("test_scale_forgets_its_second_gradient", {x, s}, {}, "scaled");
+  Value loss = b.reshape(b.matmul(b.reshape(y, Shape{1, 3}), b.reshape(y, Shape{3, 1})), Shape{});
+  const std::string message = error_of([&] { build_backward(b, loss); });
+  EXPECT_NE(message.find("test_scale_forgets_its_second_gradient 'scaled': its gradient rule gave no gradient for "
+                         "input 1 ('s')"),
+            std::string::npos)
+      << message;
+  // Where that input needs none (the parameter is the first input: x is data), the rule is enough.
+  GraphBuilder c;
+  Value w = c.parameter("w", Shape{3}, ParamInit::uniform(0.5));
+  Value z = c.apply1("test_scale_forgets_its_second_gradient", {w, c.input("x", Shape{3})});
+  EXPECT_NO_THROW(build_backward(c, c.reshape(c.matmul(c.reshape(z, Shape{1, 3}), c.reshape(z, Shape{3, 1})), Shape{})));
+}
+
 // Handles that name no value of the builder's graph are quiver::Errors, never a
 // std::out_of_range or a value that happens to have the same id: an empty Value, an id past the
 // end, and a value of another builder (whose id exists here too).
@@ -965,6 +995,14 @@ TEST(Plan, NodesMadeOrChangedOutsideTheBuilderAreCheckedBeforeTheyRun) {
     const std::string message = error_of([&] { Plan plan(g, store, {y}); });
     EXPECT_NE(message.find("plan: parameter 'w_wide' is [64,64] f32; its slot 'w' holds [2,2] f32"), std::string::npos)
         << message;
+  }
+  {  // a producer that names no node at all: the walk of what the fetches need indexed past its end
+    GraphBuilder b;
+    Value y = b.relu(b.input("x", Shape{2, 2}), "fetched");
+    b.graph().value(y.id).producer = 10000;
+    ParamStore store(b.graph());
+    const std::string message = error_of([&] { Plan plan(b.graph(), store, {y}); });
+    EXPECT_NE(message.find("no node 10000"), std::string::npos) << message;
   }
 }
 
