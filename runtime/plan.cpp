@@ -30,9 +30,11 @@ std::vector<NodeId> needed_nodes(const Graph& graph, const std::vector<Value>& f
   while (!stack.empty()) {
     NodeId id = stack.back();
     stack.pop_back();
+    // First: node() refuses an id that names no node (a producer edited through Graph::value()),
+    // which would index past `needed`.
+    const Node& node = graph.node(id);
     if (needed[id]) continue;
     needed[id] = true;
-    const Node& node = graph.node(id);
     for (ValueId input : node.inputs)
       if (graph.value(input).producer >= 0) stack.push_back(graph.value(input).producer);
     for (NodeId control : node.control_inputs) stack.push_back(control);
