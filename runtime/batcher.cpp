@@ -33,11 +33,12 @@ uint64_t uniform_below(std::mt19937_64& engine, uint64_t bound) {
 }
 
 int64_t checked_features(const Dataset& data) {
-  if (data.rows <= 0 || data.cols <= 0) {
+  int64_t features = 0;
+  if (data.rows <= 0 || data.cols <= 0 || __builtin_mul_overflow(data.rows, data.cols, &features)) {
     throw Error(cat("batcher: dataset has rows=", data.rows, " cols=", data.cols,
-                    "; both must be positive"));
+                    "; both must be positive, their product fit in 64 bits"));
   }
-  return data.rows * data.cols;
+  return features;
 }
 
 int64_t count_batches(const Dataset& data, const BatcherOptions& options) {

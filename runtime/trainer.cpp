@@ -341,7 +341,8 @@ void check_samples_fit(const ModelSpec& model, const Dataset& data, const std::s
   // A model of images (the CNN's 1x28x28, the LSTM's 28 steps of 28) takes rows x cols as they
   // are; 14x56 has the values of 28x28 but not its geometry. Others take the values in a row.
   const bool image = shape.rank() >= 2;
-  const bool fits = data.rows * data.cols == shape.numel() &&
+  int64_t features = 0;  // extents that overflow fit nothing (evaluate() checks this before consistency)
+  const bool fits = !__builtin_mul_overflow(data.rows, data.cols, &features) && features == shape.numel() &&
                     (!image || (data.rows == shape[shape.rank() - 2] && data.cols == shape[shape.rank() - 1]));
   if (!fits)
     throw Error(cat("model '", model.name, "' takes samples of ", shape.str(), ", the ", which, " has samples of ",

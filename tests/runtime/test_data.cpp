@@ -25,10 +25,12 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/models.h"
 #include "runtime/batcher.h"
 #include "runtime/fashion_mnist.h"
 #include "runtime/idx.h"
 #include "runtime/memory.h"
+#include "runtime/trainer.h"
 
 namespace quiver {
 namespace {
@@ -742,6 +744,11 @@ TEST(DataBatcher, RejectsBadOptions) {
   wrapped.count = int64_t{1} << 24;
   wrapped.labels.assign(0, 0);
   expect_error([&] { check_consistent(wrapped, "hand-made"); }, {"count x features fit in 64 bits"});
+  // The batcher and the trainer's sample check multiply the extents before anything checks the
+  // set's consistency: a product past 64 bits is refused there too, not computed (UBSan's case).
+  wrapped.rows = wrapped.cols = int64_t{1} << 32;
+  expect_error([&] { Batcher b(wrapped, BatcherOptions{}); }, {"rows=4294967296", "fit in 64 bits"});
+  expect_error([&] { check_samples_fit(models::mlp(), wrapped, "test set"); }, {"takes samples of", "4294967296x4294967296"});
 }
 
 TEST(DataBatcher, DestroyMidEpochDoesNotHang) {
