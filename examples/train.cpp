@@ -16,13 +16,6 @@
 
 namespace {
 
-std::string clock_text(double seconds) {
-  int total = static_cast<int>(seconds + 0.5);
-  char text[32];
-  std::snprintf(text, sizeof(text), "%d:%02d", total / 60, total % 60);
-  return text;
-}
-
 // Under a step decay (--lr-drop) each epoch's line names the rate it trained at.
 std::string rate_of(const quiver::TrainOptions& options, const quiver::EpochReport& epoch) {
   if (options.lr_drop_epochs.empty()) return "";
@@ -250,7 +243,7 @@ int run(int argc, char** argv) {
       std::snprintf(line, sizeof(line), "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                     static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
                     static_cast<long long>(p.step), static_cast<long long>(p.steps_in_epoch), p.loss,
-                    p.samples_per_second, clock_text(p.eta_seconds).c_str());
+                    p.samples_per_second, quiver::clock_text(p.eta_seconds).c_str());
       if (live) {
         std::cout << "\r" << line << "   " << std::flush;
       } else if (const int64_t hundreds = p.step / 100; p.last || hundreds > (p.epoch == logged_epoch ? logged_hundreds : 0)) {

@@ -1,5 +1,6 @@
 #include "examples/train_options.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -112,6 +113,13 @@ double parse_positive(const std::string& flag, const std::string& text) {
 }
 
 }  // namespace
+
+std::string clock_text(double seconds) {
+  constexpr double kLongest = 1e9;
+  const long long total = std::llround(seconds >= 0.0 ? std::min(seconds, kLongest) : 0.0);  // NaN too: 0
+  return cat(total == static_cast<long long>(kLongest) ? ">" : "", total / 60, ":", total % 60 < 10 ? "0" : "",
+             total % 60);
+}
 
 std::string train_usage() {
   return "usage: quiver-train [options]\n"

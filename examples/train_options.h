@@ -38,5 +38,8 @@ TrainCommand parse_train_command(const std::vector<std::string>& args);
 // --threads, at least one).
 int learner_threads(const TrainCommand& command);
 std::string train_usage();
+// The progress line's ETA, minutes:seconds ("12:05"); at least 10^9 seconds (a first step timed
+// while profiling, with a long run ahead) reads ">16666666:40" rather than wrapping.
+std::string clock_text(double seconds);
 
 }  // namespace quiver

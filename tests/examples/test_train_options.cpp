@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,18 @@ INSTANTIATE_TEST_SUITE_P(
         for (char ch : arg) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return name;
     });
+
+// The progress line's ETA: minutes and seconds, rounded; an ETA past an int's seconds (a first
+// step timed while profiling, 6x10^8 steps ahead) once wrapped to a negative time.
+TEST(TrainOptions, TheProgressLinesEtaIsMinutesAndSecondsWithoutWrapping) {
+  EXPECT_EQ(clock_text(0.0), "0:00");
+  EXPECT_EQ(clock_text(7.4), "0:07");
+  EXPECT_EQ(clock_text(725.0), "12:05");
+  EXPECT_EQ(clock_text(3599.6), "60:00");
+  EXPECT_EQ(clock_text(2.4e9), ">16666666:40");
+  EXPECT_EQ(clock_text(-1.0), "0:00");
+  EXPECT_EQ(clock_text(std::numeric_limits<double>::quiet_NaN()), "0:00");
+}
 
 }  // namespace
 }  // namespace quiver
