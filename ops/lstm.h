@@ -20,7 +20,7 @@ struct LstmCell {
 
 // NaN, told by its bits: in the cell loops, built with -ffast-math (finite math only), GCC folds
 // `x != x` and std::isnan to false.
-QUIVER_HD inline bool is_nan_bits(float x) {
+QUIVER_HD static inline bool is_nan_bits(float x) {
 #ifdef __CUDA_ARCH__
   const uint32_t bits = __float_as_uint(x);
 #else
@@ -34,14 +34,14 @@ QUIVER_HD inline bool is_nan_bits(float x) {
 // (a pre-activation below -88.7). exp(80) is 5.5e34: the gate is then 1.8e-35, not 0. A NaN
 // passes, so a diverged layer shows in its output: in the vectorized loop the clamp is a max,
 // which would make a NaN pre-activation a gate of 1.8e-35 (the check costs ~1% of the loop).
-QUIVER_HD inline float lstm_gate(float pre) {
+QUIVER_HD static inline float lstm_gate(float pre) {
   const float gate = 1.0f / (1.0f + std::exp(-(pre < -80.0f ? -80.0f : pre)));
   return is_nan_bits(pre) ? pre : gate;
 }
 
 // Pre-activations of the four gates and the previous cell state -> the new cell.
-QUIVER_HD inline LstmCell lstm_cell_forward(float pre_i, float pre_f, float pre_g, float pre_o,
-                                            float c_prev) {
+QUIVER_HD static inline LstmCell lstm_cell_forward(float pre_i, float pre_f, float pre_g, float pre_o,
+                                                   float c_prev) {
   LstmCell cell;
   cell.i = lstm_gate(pre_i);
   cell.f = lstm_gate(pre_f);
@@ -57,8 +57,8 @@ struct LstmCellGrad {
 };
 
 // dh and dc arriving at step t (dc from step t+1) -> gradients of the pre-activations and c(t-1).
-QUIVER_HD inline LstmCellGrad lstm_cell_backward(float i, float f, float g, float o, float c,
-                                                 float c_prev, float dh, float dc_next) {
+QUIVER_HD static inline LstmCellGrad lstm_cell_backward(float i, float f, float g, float o, float c,
+                                                        float c_prev, float dh, float dc_next) {
   float tanh_c = std::tanh(c);
   float dc = dc_next + dh * o * (1.0f - tanh_c * tanh_c);
   LstmCellGrad grad;
@@ -78,7 +78,9 @@ namespace quiver {
 // the LSTM's time, and -ffast-math lets GCC vectorize them with glibc's libmvec. Only that file is
 // built so, and it includes nothing but this header: no inline function of the rest of Quiver gets
 // a fast-math copy (the linker keeps one copy of each, whichever it meets first), so NaN checks
-// elsewhere stay exact.
+// elsewhere stay exact. This header's own cell functions above are static for the same reason:
+// each file keeps its own copy, so where a call is not inlined (a debug build) the reference
+// kernels in ops/lstm.cpp never run the fast-math copy, nor the cell loop the strict one.
 // cell (5H): i, f, g, o, c; h (H); pre (4H): gate pre-activations; c_prev (H).
 void lstm_cell_row_forward(float* cell, float* h, const float* pre, const float* c_prev, int64_t hidden);
 // d_pre (4H): gradients of the pre-activations; dc (H): dc arriving from step t+1 in, dc(t-1) out;
