@@ -123,6 +123,7 @@ Plan::Plan(const Graph& graph, ParamStore& store, const std::vector<Value>& fetc
   }
   bind_values(store);
   plan_activations(fetches);
+  order_in_place_updates();
   choose_kernels(options);
   // What tensor() hands out: values whose tensors hold them after run(). An activation that is
   // not fetched shares its buffer with later ones; a gradient that no step computes holds
@@ -238,6 +239,25 @@ void Plan::plan_activations(const std::vector<Value>& fetches) {
       auto found = buffer_of.find(value);
       if (found != buffer_of.end() && last_use[value] == position) buffers[found->second].free = true;
     }
+  }
+}
+
+void Plan::order_in_place_updates() {
+  // A parameter or its optimizer state written in place has no value for a data edge to follow.
+  // GraphBuilder gives the update a control input per reader (add_update_order); a graph made
+  // with Graph::add_node may lack them, and a concurrent executor would then run the update
+  // beside a reader (a weight's gradient GEMM reading a half-updated weight).
+  std::map<ValueId, std::vector<int>> readers;
+  for (int position = 0; position < static_cast<int>(steps_.size()); ++position)
+    for (ValueId input : graph_.node(steps_[position].node).inputs) readers[input].push_back(position);
+  for (int update = 0; update < static_cast<int>(steps_.size()); ++update) {
+    const Node& node = graph_.node(steps_[update].node);
+    for (int written : OpRegistry::global().get(node.op).written_inputs)
+      for (int reader : written < static_cast<int>(node.inputs.size()) ? readers[node.inputs[static_cast<size_t>(written)]]
+                                                                       : std::vector<int>{}) {
+        if (reader < update) steps_[update].after.push_back(reader);
+        if (reader > update) steps_[reader].after.push_back(update);
+      }
   }
 }
 

@@ -44,7 +44,8 @@ struct PlanStep {
   std::vector<Tensor> outputs;
   double seconds = 0.0;  // accumulated over runs when PlanOptions::profile is set
   // Positions of earlier steps that must finish first beyond data and control edges: the users of
-  // the previous occupant of a reused activation buffer.
+  // the previous occupant of a reused activation buffer, and around a value updated in place, its
+  // readers before the update (for the update) and the update (for its readers after it).
   std::vector<int> after;
 };
 
@@ -114,6 +115,9 @@ class Plan {
  private:
   void bind_values(ParamStore& store);
   void plan_activations(const std::vector<Value>& fetches);
+  // Orders every in-place update after the earlier steps that read what it writes and before the
+  // later ones (PlanStep::after), as a serial run orders them.
+  void order_in_place_updates();
   void choose_kernels(const PlanOptions& options);
   bool run_device_graph();
 

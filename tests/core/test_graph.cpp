@@ -1086,6 +1086,67 @@ TEST(Plan, KernelsArePreparedWithThePlansContextAndItsWorkspaceIsTheLargestReque
   }
 }
 
+// A test op that adds 1 to its input in place, as an optimizer's update writes a parameter.
+const bool registered_in_place_op = [] {
+  OpDef def;
+  def.kind = "test_add_one_in_place";
+  def.infer = [](const InferContext&) { return std::vector<TensorType>{}; };
+  def.written_inputs = {0};
+  KernelImpl impl;
+  impl.name = "reference";
+  impl.device = DeviceKind::CPU;
+  impl.prepare = [](const KernelSpec&) -> KernelFn {
+    return [](const KernelCall& call) {
+      Tensor x = call.inputs[0];
+      for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] += 1.0f;
+    };
+  };
+  def.kernels.push_back(std::move(impl));
+  return register_op(std::move(def));
+}();
+
+// A value updated in place has no edge for a reader to follow: the plan orders the update after
+// the steps before it that read the value and before those after it, as a serial run does, so a
+// concurrent executor never runs them side by side. GraphBuilder adds control inputs for the
+// readers before (add_update_order) and refuses readers after; a graph made with
+// Graph::add_node had no order at all.
+TEST(Plan, AnInPlaceUpdateIsOrderedAgainstTheValuesReaders) {
+  GraphBuilder b;
+  Graph& g = b.graph();
+  Value w = b.parameter("w", Shape{4}, ParamInit::zeros());
+  Value before = b.relu(w, "reads_before");
+  Node update;
+  update.op = "test_add_one_in_place";
+  update.name = "update";
+  update.inputs = {w.id};
+  const NodeId update_id = g.add_node(update);  // no control inputs
+  Node late;  // a reader after the update (the builder refuses one; add_node does not)
+  late.op = "relu";
+  late.name = "reads_after";
+  late.inputs = {w.id};
+  ValueInfo late_value = g.value(before.id);
+  late_value.name = "reads_after";
+  late_value.producer = -1;
+  late.outputs = {g.add_value(late_value)};
+  g.add_node(late);
+  const Value after = g.handle(late.outputs[0]);
+  ParamStore store(g);
+  Plan plan(g, store, {before, after});
+  auto position_of = [&](const std::string& name) {
+    for (size_t p = 0; p < plan.steps().size(); ++p)
+      if (g.node(plan.steps()[p].node).name == name) return static_cast<int>(p);
+    return -1;
+  };
+  ASSERT_EQ(g.node(plan.steps()[static_cast<size_t>(position_of("update"))].node).id, update_id);
+  const std::vector<int>& update_waits = plan.steps()[static_cast<size_t>(position_of("update"))].after;
+  const std::vector<int>& reader_waits = plan.steps()[static_cast<size_t>(position_of("reads_after"))].after;
+  EXPECT_NE(std::find(update_waits.begin(), update_waits.end(), position_of("reads_before")), update_waits.end());
+  EXPECT_NE(std::find(reader_waits.begin(), reader_waits.end(), position_of("update")), reader_waits.end());
+  plan.run();  // and the serial meaning: 0 before the update, 1 after it
+  EXPECT_EQ(plan.tensor(before).f32()[0], 0.0f);
+  EXPECT_EQ(plan.tensor(after).f32()[0], 1.0f);
+}
+
 TEST(ParamStore, InitialisationDependsOnlyOnSeedAndName) {
   GraphBuilder b;
   b.parameter("a", Shape{10}, ParamInit::uniform(0.5));
