@@ -15,7 +15,8 @@ void warn(const std::string& message) noexcept;
 // warn(), unless this very message was already given since the sink was last set: for warnings
 // that every learner's executor would repeat (an ignored profile cache).
 void warn_once(const std::string& message) noexcept;
-// Installs `sink` (an empty function restores stderr) and returns the previous one.
+// Installs `sink` (an empty function restores stderr) and returns the previous one. A sink may
+// warn (those warnings go to stderr); it must not install another sink.
 WarningSink set_warning_sink(WarningSink sink);
 
 }  // namespace quiver

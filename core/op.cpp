@@ -62,6 +62,9 @@ std::string OpDef::unknown_attribute(const Attrs& attrs) const {
 
 void OpRegistry::add(OpDef def) {
   if (has(def.kind)) throw Error(cat("op '", def.kind, "' is registered twice"));
+  for (int written : def.written_inputs)  // indexes into a node's inputs (the plan and the builder read them)
+    if (written < 0 || std::count(def.written_inputs.begin(), def.written_inputs.end(), written) > 1)
+      throw Error(cat("op '", def.kind, "': written input ", written, " is negative or listed twice"));
   std::string kind = def.kind;
   defs_.push_back(std::move(def));
   std::vector<Pending> waiting;

@@ -109,6 +109,9 @@ class GradContext {
   Shape input_shape(int i) const;  // a copy: emitting nodes grows the graph
   // False for inputs no parameter's gradient flows through (the images): skip their work.
   bool needs_grad(int i) const { return needs_grad_.at(i); }
+  // A rule must set the gradient of every input whose needs_grad() is true (a zero fill where it
+  // is zero): build_backward() refuses a rule that leaves one out, which would train the
+  // parameters behind it on part of their gradient.
   void set_input_grad(int i, Value grad);
   const std::vector<Value>& input_grads() const { return input_grads_; }
   std::string name(const std::string& suffix) const;  // "<node>/grad/<suffix>"

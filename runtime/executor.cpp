@@ -256,7 +256,11 @@ void Executor::stop_lanes() {
 }
 
 Executor::~Executor() {
-  if (profiles_unsaved_) save_profiles();  // warns, never throws
+  // save_profiles() warns rather than throws; out of memory, even its warning's text can fail.
+  if (profiles_unsaved_) try {
+      save_profiles();
+    } catch (...) {
+    }
   stop_lanes();
 }
 

@@ -59,6 +59,10 @@ void LearnerGroup::load(const std::string& path) {
     rounds_done_ = previous_rounds;
     if (learner_error.empty()) throw;
     throw Error(cat(error.what(), " (and a learner's error from before the load still stands: ", learner_error, ")"));
+  } catch (...) {  // a custom kernel's prepare may throw anything
+    z.copy_from(previous);
+    rounds_done_ = previous_rounds;
+    throw;
   }
   if (!learner_error.empty())
     warn(cat("load '", path, "': dropped a learner's error from before the load: ", learner_error));

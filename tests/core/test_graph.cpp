@@ -1147,6 +1147,25 @@ TEST(Plan, AnInPlaceUpdateIsOrderedAgainstTheValuesReaders) {
   EXPECT_EQ(plan.tensor(after).f32()[0], 1.0f);
 }
 
+// An op's written inputs index a node's inputs: a negative one (or one listed twice) is refused
+// when the op registers, not read out of bounds by the builder and the plan.
+TEST(OpRegistry, WrittenInputsMustBeDistinctAndNotNegative) {
+  for (const std::vector<int>& written : {std::vector<int>{-1}, std::vector<int>{0, 2, 0}}) {
+    OpRegistry registry;
+    OpDef def;
+    def.kind = "bad_update";
+    def.written_inputs = written;
+    const std::string message = error_of([&] { registry.add(def); });
+    EXPECT_NE(message.find("op 'bad_update': written input "), std::string::npos) << message;
+    EXPECT_FALSE(registry.has("bad_update"));
+  }
+  OpRegistry registry;
+  OpDef def;
+  def.kind = "good_update";
+  def.written_inputs = {0, 2};
+  EXPECT_NO_THROW(registry.add(def));
+}
+
 TEST(ParamStore, InitialisationDependsOnlyOnSeedAndName) {
   GraphBuilder b;
   b.parameter("a", Shape{10}, ParamInit::uniform(0.5));
