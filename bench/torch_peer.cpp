@@ -58,7 +58,7 @@ struct Options {
   int runs = 5;
   std::string data;  // non-empty: accuracy mode on the Fashion-MNIST files in this directory
   int epochs = 1;
-  int seed = 0;
+  int64_t seed = 0;  // 0 to 2^63 - 1, as quiver-train's --seed (scripts/accuracy_seeds.py passes both)
   std::string init = "he_uniform";  // he_uniform | torch_default, as Quiver's LayerInit
 };
 
@@ -77,8 +77,9 @@ constexpr const char* kUsage =
     "  --data DIR: accuracy mode; DIR holds Fashion-MNIST's {train,t10k}-{images-idx3,\n"
     "              labels-idx1}-ubyte.gz\n";
 
-int parse_int(std::string_view flag, std::string_view text, int min_value) {
-  int value = 0;
+template <class Whole = int>
+Whole parse_int(std::string_view flag, std::string_view text, Whole min_value) {
+  Whole value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size() || value < min_value) {
     throw UsageError("bad value for " + std::string(flag) + ": '" + std::string(text) +
@@ -150,7 +151,7 @@ Options parse_args(int argc, char** argv) {
       options.epochs = parse_int(flag, *value, 1);
       accuracy_flag = flag;
     } else {
-      options.seed = parse_int(flag, *value, 0);
+      options.seed = parse_int<int64_t>(flag, *value, 0);
       accuracy_flag = flag;
     }
   }
@@ -482,8 +483,8 @@ int main(int argc, char** argv) {
 
     if (!options.data.empty()) {
       const double accuracy = accuracy_run(options);
-      std::printf("accuracy model=%s seed=%d test_accuracy=%.4f\n", options.model.c_str(),
-                  options.seed, accuracy);
+      std::printf("accuracy model=%s seed=%lld test_accuracy=%.4f\n", options.model.c_str(),
+                  static_cast<long long>(options.seed), accuracy);
       return 0;
     }
 
