@@ -6,13 +6,22 @@ import sys
 import tempfile
 
 
+def may_replace_in(folder_mode, folder_uid, file_uid, euid):
+    """Whether a process of `euid` may rename a file over one of `file_uid` in a folder of
+    `folder_mode` and `folder_uid`: in a sticky folder (/tmp) only the file's owner, the folder's
+    or root may (runtime/atomic_file.cpp's rule)."""
+    return not folder_mode & stat.S_ISVTX or euid in (0, folder_uid, file_uid)
+
+
 def target_of(path):
     """The file a write to `path` replaces: a symbolic link is written through (the file it names
     is replaced, the link stays), as runtime/atomic_file.cpp does. Raises OSError when that is
     something other than a regular file (a pipe, a device, a directory), which a rename would
     replace, when it is read-only (kept, as a plain write would keep it), or when its folder is
     missing or takes no new files, or when a link on the way leads into /proc (/dev/stdout,
-    /dev/fd/N: a process's open file, which a rename cannot write into and would replace)."""
+    /dev/fd/N: a process's open file, which a rename cannot write into and would replace), or
+    when it belongs to another user in a sticky folder such as /tmp (the rename at the end of a
+    run would be refused there, however writable the file)."""
     hop = path
     for _ in range(40):
         if not os.path.islink(hop):
@@ -33,6 +42,11 @@ def target_of(path):
     folder = os.path.dirname(target)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise OSError(f"cannot write in {folder}")
+    if os.path.lexists(target):
+        folder_status, target_status = os.stat(folder), os.stat(target)
+        if not may_replace_in(folder_status.st_mode, folder_status.st_uid, target_status.st_uid, os.geteuid()):
+            raise OSError(f"{path} belongs to another user in the sticky directory {folder}, where only its "
+                          "owner may replace it")
     return target
 
 
