@@ -252,12 +252,13 @@ void Plan::order_in_place_updates() {
     for (ValueId input : graph_.node(steps_[position].node).inputs) readers[input].push_back(position);
   for (int update = 0; update < static_cast<int>(steps_.size()); ++update) {
     const Node& node = graph_.node(steps_[update].node);
-    for (int written : OpRegistry::global().get(node.op).written_inputs)
-      for (int reader : written < static_cast<int>(node.inputs.size()) ? readers[node.inputs[static_cast<size_t>(written)]]
-                                                                       : std::vector<int>{}) {
+    for (int written : OpRegistry::global().get(node.op).written_inputs) {
+      if (written >= static_cast<int>(node.inputs.size())) continue;  // too few inputs: check_node named it
+      for (int reader : readers[node.inputs[static_cast<size_t>(written)]]) {
         if (reader < update) steps_[update].after.push_back(reader);
         if (reader > update) steps_[reader].after.push_back(update);
       }
+    }
   }
 }
 
